@@ -1,0 +1,32 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+# Both set up what they need first (see scripts/setup.sh).
+
+CARGO ?= cargo
+LISTEN ?= 127.0.0.1:7700
+DATA ?= ./tarn-data
+
+.PHONY: run test setup build lint check-tests bench-store
+
+setup:
+	@scripts/setup.sh
+
+build: setup
+	$(CARGO) build --release -p tarn
+
+# Builds a release binary and serves on the embedded SQLite store.
+run: build
+	./target/release/tarn serve --listen $(LISTEN) --data $(DATA)
+
+lint: setup
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+check-tests: setup
+	$(CARGO) test --workspace
+
+# Everything CI runs.
+test: lint check-tests
+
+# Criterion micro-benchmarks of the SQLite store (release build).
+bench-store: setup
+	$(CARGO) bench -p tarn-store-sqlite --bench store

@@ -1,0 +1,355 @@
+//! The domain: principals, roles, grants, users, groups, items.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{EngineError, Result};
+
+/// Whether `s` is a valid username, group id, kind, or index name:
+/// `[a-z0-9][a-z0-9._-]{0,63}`.
+pub fn is_valid_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(c))
+}
+
+pub(crate) fn check_name(what: &str, s: &str) -> Result<()> {
+    if is_valid_name(s) {
+        Ok(())
+    } else {
+        Err(EngineError::InvalidInput(format!(
+            "{what} {s:?} is not valid: use 1 to 64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit"
+        )))
+    }
+}
+
+/// Who can be granted access: a user, a group, any signed-in user, anyone.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Principal {
+    /// `user:<username>`.
+    User(String),
+    /// `group:<id>`.
+    Group(String),
+    /// `authenticated`: every signed-in user.
+    Authenticated,
+    /// `everyone`: anyone, signed in or not.
+    Everyone,
+}
+
+impl fmt::Display for Principal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Principal::User(u) => write!(f, "user:{u}"),
+            Principal::Group(g) => write!(f, "group:{g}"),
+            Principal::Authenticated => f.write_str("authenticated"),
+            Principal::Everyone => f.write_str("everyone"),
+        }
+    }
+}
+
+impl FromStr for Principal {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Principal> {
+        let p = match s.split_once(':') {
+            Some(("user", name)) => Principal::User(name.to_string()),
+            Some(("group", id)) => Principal::Group(id.to_string()),
+            None if s == "authenticated" => Principal::Authenticated,
+            None if s == "everyone" => Principal::Everyone,
+            _ => {
+                return Err(EngineError::InvalidInput(format!(
+                    "principal {s:?} is not user:<name>, group:<id>, authenticated or everyone"
+                )))
+            }
+        };
+        if let Principal::User(n) | Principal::Group(n) = &p {
+            check_name("principal name", n)?;
+        }
+        Ok(p)
+    }
+}
+
+impl Serialize for Principal {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Principal {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Principal, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What a grant allows, each role including the ones before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Read.
+    Viewer,
+    /// Read, change properties and body.
+    Editor,
+    /// Everything, sharing and deleting included.
+    Manager,
+}
+
+impl Role {
+    /// The role's name as in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Editor => "editor",
+            Role::Manager => "manager",
+        }
+    }
+}
+
+/// One entry of an item's ACL.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// Who.
+    pub principal: Principal,
+    /// What they may do.
+    pub role: Role,
+}
+
+/// A user as stored (the password hash never leaves the engine).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct User {
+    /// Immutable, unique name.
+    pub username: String,
+    /// Free JSON object.
+    pub properties: Map<String, Value>,
+    /// Whether the user is an administrator.
+    pub admin: bool,
+    /// Microseconds since the Unix epoch.
+    pub created_at: i64,
+    #[serde(default)]
+    pub(crate) password_hash: String,
+}
+
+/// A group as stored.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Group {
+    /// Immutable, unique id.
+    pub id: String,
+    /// Display title.
+    pub title: String,
+    /// Free JSON object.
+    pub properties: Map<String, Value>,
+    /// Who may change the group's members and managers; never empty.
+    pub managers: Vec<Principal>,
+    /// Microseconds since the Unix epoch.
+    pub created_at: i64,
+    /// Username of the creator.
+    pub created_by: String,
+}
+
+/// The body of an item: its bytes live in chunks under `blob`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BodyMeta {
+    /// Size in bytes.
+    pub size: u64,
+    /// The `Content-Type` given at upload.
+    pub content_type: String,
+    /// Lower-case hex SHA-256 of the bytes.
+    pub sha256: String,
+    /// Where the chunks are (internal, never shown).
+    pub(crate) blob: String,
+    /// Chunk size the blob was written with.
+    pub(crate) chunk: u32,
+}
+
+/// An item as stored.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Item {
+    /// Server-made, opaque, URL-safe, never reused.
+    pub id: String,
+    /// What sort of item (`document`, `user-home`, ...).
+    pub kind: String,
+    /// Free JSON object.
+    pub properties: Map<String, Value>,
+    /// 1 at creation, +1 on every change.
+    pub version: u64,
+    /// Username of the creator.
+    pub created_by: String,
+    /// Microseconds since the Unix epoch.
+    pub created_at: i64,
+    /// Microseconds since the Unix epoch.
+    pub modified_at: i64,
+    /// The body, if any.
+    pub body: Option<BodyMeta>,
+    /// Who may do what; always holds a manager.
+    pub acl: Vec<Grant>,
+}
+
+impl Item {
+    /// The value of a field: a built-in (`createdAt`, `modifiedAt`,
+    /// `createdBy`, `kind`) or a dot path into the properties.
+    pub fn field(&self, field: &str) -> Option<Value> {
+        match field {
+            "createdAt" => Some(Value::from(self.created_at)),
+            "modifiedAt" => Some(Value::from(self.modified_at)),
+            "createdBy" => Some(Value::from(self.created_by.clone())),
+            "kind" => Some(Value::from(self.kind.clone())),
+            path => {
+                let mut parts = path.split('.');
+                let mut cur = self.properties.get(parts.next()?)?;
+                for p in parts {
+                    cur = cur.as_object()?.get(p)?;
+                }
+                Some(cur.clone())
+            }
+        }
+    }
+
+    /// The best role any of `principals` holds through the ACL.
+    pub fn role_of(&self, principals: &[Principal]) -> Option<Role> {
+        self.acl
+            .iter()
+            .filter(|g| principals.contains(&g.principal))
+            .map(|g| g.role)
+            .max()
+    }
+
+    /// Every principal that may read the item, once each.
+    pub fn readers(&self) -> Vec<&Principal> {
+        let mut out: Vec<&Principal> = self.acl.iter().map(|g| &g.principal).collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// An item as one caller sees it.
+#[derive(Clone, Debug)]
+pub struct ItemView {
+    /// The item.
+    pub item: Item,
+    /// The caller's effective role.
+    pub role: Role,
+}
+
+/// Normalises an ACL: one grant per principal with its best role, sorted.
+pub(crate) fn normalise_acl(acl: Vec<Grant>) -> Vec<Grant> {
+    let mut acl = acl;
+    acl.sort_by(|a, b| a.principal.cmp(&b.principal).then(b.role.cmp(&a.role)));
+    acl.dedup_by(|later, first| later.principal == first.principal);
+    acl
+}
+
+/// Applies an RFC 7396 JSON merge patch to `target`.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = Value::Object(Map::new());
+            }
+            let t = target.as_object_mut().expect("object");
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names() {
+        for ok in ["a", "0", "alice", "a.b_c-d", &"x".repeat(64)] {
+            assert!(is_valid_name(ok), "{ok}");
+        }
+        for bad in ["", "A", "-a", ".a", "a b", "é", &"x".repeat(65), "a/b"] {
+            assert!(!is_valid_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn principals_round_trip() {
+        for s in ["user:alice", "group:g1", "authenticated", "everyone"] {
+            assert_eq!(s.parse::<Principal>().unwrap().to_string(), s);
+        }
+        for bad in ["alice", "user:", "user:A", "team:x", "everyone:x"] {
+            assert!(bad.parse::<Principal>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn merge_patch_rfc7396_examples() {
+        // The examples of RFC 7396, appendix A.
+        let cases = [
+            (json!({"a":"b"}), json!({"a":"c"}), json!({"a":"c"})),
+            (json!({"a":"b"}), json!({"b":"c"}), json!({"a":"b","b":"c"})),
+            (json!({"a":"b"}), json!({"a":null}), json!({})),
+            (
+                json!({"a":"b","b":"c"}),
+                json!({"a":null}),
+                json!({"b":"c"}),
+            ),
+            (json!({"a":["b"]}), json!({"a":"c"}), json!({"a":"c"})),
+            (json!({"a":"c"}), json!({"a":["b"]}), json!({"a":["b"]})),
+            (
+                json!({"a":{"b":"c"}}),
+                json!({"a":{"b":"d","c":null}}),
+                json!({"a":{"b":"d"}}),
+            ),
+            (json!({"a":[{"b":"c"}]}), json!({"a":[1]}), json!({"a":[1]})),
+            (json!(["a", "b"]), json!(["c", "d"]), json!(["c", "d"])),
+            (json!({"a":"b"}), json!(["c"]), json!(["c"])),
+            (json!({"a":"foo"}), json!(null), json!(null)),
+            (json!({"a":"foo"}), json!("bar"), json!("bar")),
+            (json!({"e":null}), json!({"a":1}), json!({"e":null,"a":1})),
+            (json!([1, 2]), json!({"a":"b","c":null}), json!({"a":"b"})),
+            (
+                json!({}),
+                json!({"a":{"bb":{"ccc":null}}}),
+                json!({"a":{"bb":{}}}),
+            ),
+        ];
+        for (mut target, patch, want) in cases {
+            merge_patch(&mut target, &patch);
+            assert_eq!(target, want);
+        }
+    }
+
+    #[test]
+    fn acl_keeps_best_role_per_principal() {
+        let g = |p: &str, r| Grant {
+            principal: p.parse().unwrap(),
+            role: r,
+        };
+        let acl = normalise_acl(vec![
+            g("user:b", Role::Viewer),
+            g("user:a", Role::Viewer),
+            g("user:b", Role::Manager),
+            g("everyone", Role::Viewer),
+        ]);
+        assert_eq!(
+            acl,
+            vec![
+                g("user:a", Role::Viewer),
+                g("user:b", Role::Manager),
+                g("everyone", Role::Viewer)
+            ]
+        );
+    }
+}

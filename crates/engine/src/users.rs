@@ -1,0 +1,356 @@
+//! Users, passwords and sessions.
+
+use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+use serde_json::{Map, Value};
+use tarn_store::{Batch, Expect, Key, Scan};
+
+use crate::error::{EngineError, Result};
+use crate::model::check_name;
+use crate::schema::{self, SessionRow, SESSIONS, USER_SESSIONS};
+use crate::{b64, random_bytes, sha256, Caller, Engine, Principal, User};
+
+/// Argon2id cost parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct PasswordCost {
+    /// Memory in KiB.
+    pub memory_kib: u32,
+    /// Iterations.
+    pub iterations: u32,
+}
+
+impl Default for PasswordCost {
+    /// OWASP's recommended minimum for Argon2id: 19 MiB, 2 iterations.
+    fn default() -> Self {
+        PasswordCost {
+            memory_kib: 19 * 1024,
+            iterations: 2,
+        }
+    }
+}
+
+impl PasswordCost {
+    /// The cheapest cost Argon2 allows, for tests only.
+    pub fn for_tests() -> Self {
+        PasswordCost {
+            memory_kib: 8,
+            iterations: 1,
+        }
+    }
+}
+
+/// A sign-up request.
+#[derive(Clone, Debug)]
+pub struct NewUser {
+    /// The username.
+    pub username: String,
+    /// The password, at least 8 characters.
+    pub password: String,
+    /// Initial properties.
+    pub properties: Map<String, Value>,
+    /// Whether to make an administrator (administrators only).
+    pub admin: bool,
+}
+
+/// The caller's own view of themselves.
+#[derive(Clone, Debug)]
+pub struct Me {
+    /// The user.
+    pub user: User,
+    /// Every group the user belongs to, directly or through nesting.
+    pub groups: Vec<String>,
+}
+
+const MIN_PASSWORD: usize = 8;
+const MAX_PASSWORD: usize = 1024;
+
+fn check_password(p: &str) -> Result<()> {
+    let n = p.chars().count();
+    if n < MIN_PASSWORD {
+        return Err(EngineError::InvalidInput(format!(
+            "the password needs at least {MIN_PASSWORD} characters"
+        )));
+    }
+    if p.len() > MAX_PASSWORD {
+        return Err(EngineError::InvalidInput(format!(
+            "the password is longer than {MAX_PASSWORD} bytes"
+        )));
+    }
+    Ok(())
+}
+
+fn session_hash(token: &str) -> [u8; 32] {
+    sha256(token.as_bytes())
+}
+
+impl Engine {
+    async fn hash_password(&self, password: &str) -> Result<String> {
+        let cost = self.inner.config.password_cost;
+        let password = password.to_string();
+        tokio::task::spawn_blocking(move || {
+            let params = argon2::Params::new(cost.memory_kib, cost.iterations, 1, None)
+                .map_err(|e| EngineError::Internal(format!("argon2 parameters: {e}")))?;
+            let hasher =
+                argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+            hasher
+                .hash_password(password.as_bytes())
+                .map(|h| h.to_string())
+                .map_err(|e| EngineError::Internal(format!("argon2: {e}")))
+        })
+        .await
+        .map_err(|e| EngineError::Internal(format!("hashing task: {e}")))?
+    }
+
+    async fn verify_password(&self, password: &str, hash: &str) -> bool {
+        let password = password.to_string();
+        let hash = hash.to_string();
+        tokio::task::spawn_blocking(move || {
+            argon2::Argon2::default()
+                .verify_password(password.as_bytes(), hash.as_str())
+                .is_ok()
+        })
+        .await
+        .unwrap_or(false)
+    }
+
+    pub(crate) async fn read_user(&self, username: &str) -> Result<Option<(User, u64)>> {
+        match self.store().get(schema::user_key(username)).await? {
+            Some(row) => Ok(Some((schema::decode("user", &row)?, row.version))),
+            None => Ok(None),
+        }
+    }
+
+    /// Creates a user. `signup_open` says whether anyone may; otherwise only
+    /// an administrator. Only an administrator may create an administrator.
+    pub async fn create_user(
+        &self,
+        caller: &Caller,
+        new: NewUser,
+        signup_open: bool,
+    ) -> Result<User> {
+        if !signup_open || new.admin {
+            caller.require_admin()?;
+        }
+        check_name("username", &new.username)?;
+        check_password(&new.password)?;
+        self.check_properties(&new.properties)?;
+        let hash = self.hash_password(&new.password).await?;
+        let user = User {
+            username: new.username,
+            properties: new.properties,
+            admin: new.admin,
+            created_at: self.now(),
+            password_hash: hash,
+        };
+        let mut b = Batch::new();
+        let key = schema::user_key(&user.username);
+        b.put(key.clone(), schema::encode(&user), 1)
+            .guard(key, Expect::Absent);
+        match self.store().write(b).await {
+            Ok(()) => Ok(user),
+            Err(tarn_store::StoreError::GuardFailed { .. }) => Err(EngineError::Conflict(format!(
+                "the username {} is taken",
+                user.username
+            ))),
+            Err(e) => Err(EngineError::from(e).settle()),
+        }
+    }
+
+    /// Makes sure the user `admin` exists with this password and the admin
+    /// flag (for `TARN_ADMIN_PASSWORD`).
+    pub async fn ensure_admin(&self, password: &str) -> Result<User> {
+        check_password(password)?;
+        if let Some((user, _)) = self.read_user("admin").await? {
+            if user.admin && self.verify_password(password, &user.password_hash).await {
+                return Ok(user);
+            }
+        }
+        self.set_password("admin", password, Some(true), true).await
+    }
+
+    /// Sets a user's password (an administrator's action, also from the CLI),
+    /// creating the user if `create` is set, and ends all their sessions.
+    pub async fn set_password(
+        &self,
+        username: &str,
+        password: &str,
+        admin: Option<bool>,
+        create: bool,
+    ) -> Result<User> {
+        check_name("username", username)?;
+        check_password(password)?;
+        let hash = self.hash_password(password).await?;
+        let user = self
+            .retrying(|| async {
+                let current = self.read_user(username).await?;
+                let (mut user, expect, version) = match current {
+                    Some((u, v)) => (u, Expect::Version(v), v + 1),
+                    None if create => (
+                        User {
+                            username: username.to_string(),
+                            properties: Map::new(),
+                            admin: false,
+                            created_at: self.now(),
+                            password_hash: String::new(),
+                        },
+                        Expect::Absent,
+                        1,
+                    ),
+                    None => return Err(EngineError::NotFound(format!("no user {username}"))),
+                };
+                user.password_hash = hash.clone();
+                if let Some(a) = admin {
+                    user.admin = a;
+                }
+                let mut b = Batch::new();
+                let key = schema::user_key(username);
+                b.put(key.clone(), schema::encode(&user), version)
+                    .guard(key, expect);
+                self.store().write(b).await?;
+                Ok(user)
+            })
+            .await?;
+        self.end_all_sessions(username).await?;
+        Ok(user)
+    }
+
+    async fn end_all_sessions(&self, username: &str) -> Result<()> {
+        loop {
+            let rows = self
+                .store()
+                .scan(Scan::partition(
+                    USER_SESSIONS,
+                    username.as_bytes().to_vec(),
+                    500,
+                ))
+                .await?;
+            if rows.is_empty() {
+                return Ok(());
+            }
+            let mut b = Batch::new();
+            for r in rows {
+                b.delete(Key::new(SESSIONS, r.clustering.clone(), Vec::new()));
+                b.delete(Key::new(USER_SESSIONS, username.as_bytes(), r.clustering));
+            }
+            self.store().write(b).await?;
+        }
+    }
+
+    /// Checks a username and password and opens a session. Wrong username
+    /// and wrong password answer the same.
+    pub async fn sign_in(&self, username: &str, password: &str) -> Result<(String, User)> {
+        let wrong = || EngineError::Unauthenticated("wrong username or password".into());
+        let Some((user, _)) = self.read_user(username).await? else {
+            // Spend the same time as a real check, so timing does not tell
+            // which usernames exist.
+            let _ = self.hash_password(password).await;
+            return Err(wrong());
+        };
+        if !self.verify_password(password, &user.password_hash).await {
+            return Err(wrong());
+        }
+        let token = b64(&random_bytes::<32>());
+        let hash = session_hash(&token);
+        let row = SessionRow {
+            username: user.username.clone(),
+            expires_at: self.now() + self.inner.config.session_ttl.as_micros() as i64,
+        };
+        let mut b = Batch::new();
+        b.put(
+            Key::new(SESSIONS, hash, Vec::new()),
+            schema::encode(&row),
+            1,
+        )
+        .put(
+            Key::new(USER_SESSIONS, user.username.as_bytes(), hash),
+            Vec::new(),
+            1,
+        );
+        self.store()
+            .write(b)
+            .await
+            .map_err(|e| EngineError::from(e).settle())?;
+        Ok((token, user))
+    }
+
+    /// The caller a session token stands for; fails for unknown, expired or
+    /// ended sessions and for deleted users.
+    pub async fn authenticate(&self, token: &str) -> Result<Caller> {
+        let invalid = || EngineError::Unauthenticated("the session is not valid".into());
+        let hash = session_hash(token);
+        let Some(row) = self
+            .store()
+            .get(Key::new(SESSIONS, hash, Vec::new()))
+            .await?
+        else {
+            return Err(invalid());
+        };
+        let session: SessionRow = schema::decode("session", &row)?;
+        if session.expires_at <= self.now() {
+            return Err(invalid());
+        }
+        let Some((user, _)) = self.read_user(&session.username).await? else {
+            return Err(invalid());
+        };
+        Ok(Caller::User {
+            username: user.username,
+            admin: user.admin,
+        })
+    }
+
+    /// Ends the session of this token on every node at once.
+    pub async fn sign_out(&self, token: &str) -> Result<()> {
+        let hash = session_hash(token);
+        let key = Key::new(SESSIONS, hash, Vec::new());
+        let Some(row) = self.store().get(key.clone()).await? else {
+            return Err(EngineError::Unauthenticated(
+                "the session is not valid".into(),
+            ));
+        };
+        let session: SessionRow = schema::decode("session", &row)?;
+        let mut b = Batch::new();
+        b.delete(key)
+            .delete(Key::new(USER_SESSIONS, session.username.as_bytes(), hash));
+        self.store()
+            .write(b)
+            .await
+            .map_err(|e| EngineError::from(e).settle())
+    }
+
+    /// The caller's user and every group they belong to.
+    pub async fn me(&self, caller: &Caller) -> Result<Me> {
+        let username = caller.require_user()?;
+        let (user, _) = self
+            .read_user(username)
+            .await?
+            .ok_or_else(|| EngineError::Unauthenticated("the user no longer exists".into()))?;
+        let groups = self
+            .principals(caller)
+            .await?
+            .into_iter()
+            .filter_map(|p| match p {
+                Principal::Group(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        Ok(Me { user, groups })
+    }
+
+    /// A user's public face (any caller may look).
+    pub async fn get_user(&self, username: &str) -> Result<User> {
+        self.read_user(username)
+            .await?
+            .map(|(u, _)| u)
+            .ok_or_else(|| EngineError::NotFound(format!("no user {username}")))
+    }
+
+    pub(crate) fn check_properties(&self, p: &Map<String, Value>) -> Result<()> {
+        let size = serde_json::to_vec(p).map_or(usize::MAX, |v| v.len());
+        if size > self.inner.config.max_properties {
+            return Err(EngineError::TooLarge(format!(
+                "properties take {size} bytes, more than {}",
+                self.inner.config.max_properties
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,504 @@
+//! The conformance suite: one set of checks, written once, that every backend
+//! runs from its own tests through [`conformance_tests!`](crate::conformance_tests).
+//!
+//! Each check takes a fresh, empty store and panics with a message naming
+//! what broke. Expected answers come from plain ordered maps, never from the
+//! store under test.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use crate::{Batch, Direction, Expect, Key, Scan, Store, StoreError, Table};
+
+const T1: Table = Table::new("conf_a");
+const T2: Table = Table::new("conf_b");
+
+/// Generates one `#[tokio::test]` per check for a backend. `$make` is an
+/// expression evaluating to a future of `(Arc<dyn Store>, guard)`; the guard
+/// lives as long as the test (a temp directory, a database handle).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            clustering_byte_order, bounds_and_limits, point_reads, versions_and_overwrite,
+            batch_across_tables_and_partitions, failed_guard_applies_nothing, guard_kinds,
+            guards_on_two_partitions_refused, ops_in_order, concurrent_guarded_writers_one_winner,
+            concurrent_counter_increments, large_values, many_partitions, many_reads_match_single,
+            oversized_input_refused);
+    };
+    (@each $make:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let (store, _guard) = $make.await;
+                $crate::conformance::$name(store).await;
+            }
+        )*
+    };
+}
+
+fn key(t: Table, p: &[u8], c: &[u8]) -> Key {
+    Key::new(t, p, c)
+}
+
+async fn put(s: &dyn Store, t: Table, p: &[u8], c: &[u8], v: &[u8], ver: u64) {
+    let mut b = Batch::new();
+    b.put(key(t, p, c), v.to_vec(), ver);
+    s.write(b).await.expect("put");
+}
+
+fn clusterings(rows: &[crate::Row]) -> Vec<Vec<u8>> {
+    rows.iter().map(|r| r.clustering.clone()).collect()
+}
+
+/// The tricky keys: empty, 0x00, 0xFF, prefixes of each other.
+fn tricky_keys() -> Vec<Vec<u8>> {
+    vec![
+        vec![],
+        vec![0x00],
+        vec![0x00, 0x00],
+        vec![0x00, 0x01],
+        vec![0x01],
+        vec![0x01, 0x00],
+        vec![0x7f],
+        vec![0x80],
+        vec![0xfe, 0xff],
+        vec![0xff],
+        vec![0xff, 0x00],
+        vec![0xff, 0xff],
+        vec![0xff, 0xff, 0xff],
+        b"a".to_vec(),
+        b"ab".to_vec(),
+        b"abc".to_vec(),
+        b"b".to_vec(),
+    ]
+}
+
+/// Clustering keys come back in plain byte order, both directions.
+pub async fn clustering_byte_order(s: Arc<dyn Store>) {
+    let mut keys = tricky_keys();
+    // Insert in a scrambled order so no backend can pass by insertion order.
+    keys.reverse();
+    keys.swap(2, 9);
+    for (i, k) in keys.iter().enumerate() {
+        put(&*s, T1, b"p", k, &[i as u8], 1).await;
+    }
+    let mut want = tricky_keys();
+    want.sort();
+    let fwd = s
+        .scan(Scan::partition(T1, b"p".to_vec(), 100))
+        .await
+        .unwrap();
+    assert_eq!(
+        clusterings(&fwd),
+        want,
+        "forward scan must be in byte order"
+    );
+    let rev = s
+        .scan(Scan::partition(T1, b"p".to_vec(), 100).direction(Direction::Reverse))
+        .await
+        .unwrap();
+    want.reverse();
+    assert_eq!(
+        clusterings(&rev),
+        want,
+        "reverse scan must be in reverse byte order"
+    );
+}
+
+/// Every combination of bound kinds, both directions, several limits, checked
+/// against an ordered map.
+pub async fn bounds_and_limits(s: Arc<dyn Store>) {
+    let keys = tricky_keys();
+    let mut model = BTreeMap::new();
+    for (i, k) in keys.iter().enumerate() {
+        put(&*s, T1, b"q", k, &[i as u8], i as u64).await;
+        model.insert(k.clone(), i as u64);
+    }
+    let mut probes = tricky_keys();
+    probes.push(vec![0x00, 0x00, 0x00]);
+    probes.push(b"aa".to_vec());
+    let bounds = |k: &Vec<u8>| {
+        vec![
+            Bound::Unbounded,
+            Bound::Included(k.clone()),
+            Bound::Excluded(k.clone()),
+        ]
+    };
+    let mut checked = 0;
+    for lo_key in probes.iter().step_by(2) {
+        for hi_key in probes.iter().skip(1).step_by(2) {
+            for lower in bounds(lo_key) {
+                for upper in bounds(hi_key) {
+                    for direction in [Direction::Forward, Direction::Reverse] {
+                        for limit in [0usize, 1, 3, 100] {
+                            let scan = Scan::partition(T1, b"q".to_vec(), limit)
+                                .bounds(lower.clone(), upper.clone())
+                                .direction(direction);
+                            let mut want: Vec<Vec<u8>> =
+                                model.keys().filter(|k| scan.contains(k)).cloned().collect();
+                            if direction == Direction::Reverse {
+                                want.reverse();
+                            }
+                            want.truncate(limit);
+                            let got = s.scan(scan.clone()).await.unwrap();
+                            assert_eq!(clusterings(&got), want, "scan {scan:?}");
+                            for r in &got {
+                                assert_eq!(r.version, model[&r.clustering], "version of row");
+                            }
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 1000);
+}
+
+/// Absent rows read as `None`; present rows with their value and version.
+pub async fn point_reads(s: Arc<dyn Store>) {
+    assert!(s.get(key(T1, b"p", b"x")).await.unwrap().is_none());
+    put(&*s, T1, b"p", b"x", b"hello", 7).await;
+    let row = s.get(key(T1, b"p", b"x")).await.unwrap().expect("row");
+    assert_eq!(row.value, b"hello");
+    assert_eq!(row.version, 7);
+    assert_eq!(row.clustering, b"x");
+    assert!(s.get(key(T1, b"p", b"")).await.unwrap().is_none());
+    assert!(s.get(key(T1, b"", b"x")).await.unwrap().is_none());
+    assert!(
+        s.get(key(T2, b"p", b"x")).await.unwrap().is_none(),
+        "tables are apart"
+    );
+    put(&*s, T1, b"", b"", b"empty", 1).await;
+    assert_eq!(
+        s.get(key(T1, b"", b"")).await.unwrap().unwrap().value,
+        b"empty"
+    );
+    let mut b = Batch::new();
+    b.delete(key(T1, b"p", b"x"))
+        .delete(key(T1, b"p", b"never"));
+    s.write(b).await.unwrap();
+    assert!(s.get(key(T1, b"p", b"x")).await.unwrap().is_none());
+}
+
+/// A put replaces value and version; an empty value is a value.
+pub async fn versions_and_overwrite(s: Arc<dyn Store>) {
+    put(&*s, T1, b"p", b"k", b"one", 1).await;
+    put(&*s, T1, b"p", b"k", b"", 2).await;
+    let row = s.get(key(T1, b"p", b"k")).await.unwrap().unwrap();
+    assert_eq!((row.value.as_slice(), row.version), (&b""[..], 2));
+    put(&*s, T1, b"p", b"k", b"three", u64::MAX >> 1).await;
+    let row = s.get(key(T1, b"p", b"k")).await.unwrap().unwrap();
+    assert_eq!(row.version, u64::MAX >> 1, "large versions survive");
+}
+
+/// One batch over two tables and many partitions applies entirely.
+pub async fn batch_across_tables_and_partitions(s: Arc<dyn Store>) {
+    let mut b = Batch::new();
+    for i in 0..20u8 {
+        let t = if i % 2 == 0 { T1 } else { T2 };
+        b.put(key(t, &[i], &[i, i]), vec![i; 10], 1);
+    }
+    b.guard(key(T1, b"g", b"g"), Expect::Absent);
+    s.write(b).await.unwrap();
+    for i in 0..20u8 {
+        let t = if i % 2 == 0 { T1 } else { T2 };
+        let row = s.get(key(t, &[i], &[i, i])).await.unwrap();
+        assert_eq!(row.map(|r| r.value), Some(vec![i; 10]));
+    }
+}
+
+/// A failed guard applies nothing, names the failing guard, and leaves every
+/// row as it was.
+pub async fn failed_guard_applies_nothing(s: Arc<dyn Store>) {
+    put(&*s, T1, b"g", b"a", b"A", 3).await;
+    put(&*s, T2, b"x", b"keep", b"old", 1).await;
+    let mut b = Batch::new();
+    b.put(key(T1, b"g", b"a"), b"A2".to_vec(), 4)
+        .put(key(T2, b"x", b"keep"), b"new".to_vec(), 2)
+        .put(key(T2, b"y", b"fresh"), b"new".to_vec(), 1)
+        .delete(key(T1, b"g", b"a"))
+        .guard(key(T1, b"g", b"a"), Expect::Version(3))
+        .guard(key(T1, b"g", b"b"), Expect::Version(1));
+    match s.write(b).await {
+        Err(StoreError::GuardFailed { guard }) => assert_eq!(guard, 1),
+        other => panic!("expected guard 1 to fail, got {other:?}"),
+    }
+    let a = s.get(key(T1, b"g", b"a")).await.unwrap().unwrap();
+    assert_eq!((a.value.as_slice(), a.version), (&b"A"[..], 3));
+    assert_eq!(
+        s.get(key(T2, b"x", b"keep")).await.unwrap().unwrap().value,
+        b"old"
+    );
+    assert!(s.get(key(T2, b"y", b"fresh")).await.unwrap().is_none());
+}
+
+/// `Absent` and `Version` guards hold exactly when they should.
+pub async fn guard_kinds(s: Arc<dyn Store>) {
+    let k = key(T1, b"p", b"row");
+    let try_write = |expect: Expect, ver: u64| {
+        let s = s.clone();
+        let k = k.clone();
+        async move {
+            let mut b = Batch::new();
+            b.put(k.clone(), vec![ver as u8], ver).guard(k, expect);
+            s.write(b).await
+        }
+    };
+    assert!(matches!(
+        try_write(Expect::Version(1), 1).await,
+        Err(StoreError::GuardFailed { guard: 0 })
+    ));
+    try_write(Expect::Absent, 1).await.expect("absent holds");
+    assert!(matches!(
+        try_write(Expect::Absent, 2).await,
+        Err(StoreError::GuardFailed { guard: 0 })
+    ));
+    assert!(matches!(
+        try_write(Expect::Version(2), 2).await,
+        Err(StoreError::GuardFailed { guard: 0 })
+    ));
+    try_write(Expect::Version(1), 2)
+        .await
+        .expect("version holds");
+    assert_eq!(s.get(k.clone()).await.unwrap().unwrap().version, 2);
+    // A guard on a deleted row sees it absent.
+    let mut b = Batch::new();
+    b.delete(k.clone()).guard(k.clone(), Expect::Version(2));
+    s.write(b).await.unwrap();
+    try_write(Expect::Absent, 1)
+        .await
+        .expect("absent after delete");
+}
+
+/// Guards on two partitions are refused before anything is applied.
+pub async fn guards_on_two_partitions_refused(s: Arc<dyn Store>) {
+    let mut b = Batch::new();
+    b.put(key(T1, b"p", b"x"), b"v".to_vec(), 1)
+        .guard(key(T1, b"p", b"x"), Expect::Absent)
+        .guard(key(T1, b"other", b"x"), Expect::Absent);
+    assert!(matches!(s.write(b).await, Err(StoreError::Invalid(_))));
+    let mut b = Batch::new();
+    b.put(key(T1, b"p", b"x"), b"v".to_vec(), 1)
+        .guard(key(T1, b"p", b"x"), Expect::Absent)
+        .guard(key(T2, b"p", b"x"), Expect::Absent);
+    assert!(matches!(s.write(b).await, Err(StoreError::Invalid(_))));
+    assert!(s.get(key(T1, b"p", b"x")).await.unwrap().is_none());
+}
+
+/// Ops apply in order: the last op on a row wins.
+pub async fn ops_in_order(s: Arc<dyn Store>) {
+    let mut b = Batch::new();
+    b.put(key(T1, b"p", b"a"), b"1".to_vec(), 1)
+        .delete(key(T1, b"p", b"a"))
+        .delete(key(T1, b"p", b"b"))
+        .put(key(T1, b"p", b"b"), b"2".to_vec(), 2)
+        .put(key(T1, b"p", b"c"), b"3".to_vec(), 1)
+        .put(key(T1, b"p", b"c"), b"4".to_vec(), 5);
+    s.write(b).await.unwrap();
+    assert!(s.get(key(T1, b"p", b"a")).await.unwrap().is_none());
+    assert_eq!(
+        s.get(key(T1, b"p", b"b")).await.unwrap().unwrap().version,
+        2
+    );
+    let c = s.get(key(T1, b"p", b"c")).await.unwrap().unwrap();
+    assert_eq!((c.value.as_slice(), c.version), (&b"4"[..], 5));
+}
+
+/// N writers all guarded on the same version of one row: exactly one wins.
+pub async fn concurrent_guarded_writers_one_winner(s: Arc<dyn Store>) {
+    put(&*s, T1, b"hot", b"row", b"start", 1).await;
+    for round in 0..5u64 {
+        let version = round + 1;
+        let barrier = Arc::new(tokio::sync::Barrier::new(16));
+        let mut tasks = Vec::new();
+        for w in 0..16u8 {
+            let s = s.clone();
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut b = Batch::new();
+                b.put(key(T1, b"hot", b"row"), vec![w], version + 1)
+                    .put(key(T2, &[w], b"side"), vec![w], 1)
+                    .guard(key(T1, b"hot", b"row"), Expect::Version(version));
+                barrier.wait().await;
+                s.write(b).await
+            }));
+        }
+        let mut winners = Vec::new();
+        for (w, t) in tasks.into_iter().enumerate() {
+            match t.await.unwrap() {
+                Ok(()) => winners.push(w as u8),
+                Err(StoreError::GuardFailed { guard: 0 }) => {}
+                Err(e) if e.is_retryable() => {}
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: exactly one winner");
+        let row = s.get(key(T1, b"hot", b"row")).await.unwrap().unwrap();
+        assert_eq!(
+            (row.value.clone(), row.version),
+            (vec![winners[0]], version + 1)
+        );
+        for w in 0..16u8 {
+            let side = s.get(key(T2, &[w], b"side")).await.unwrap();
+            let won_before = side.is_some();
+            if w == winners[0] {
+                assert!(won_before, "the winner's other rows are applied");
+            }
+        }
+        // Clear the side rows so the next round can tell who wrote them.
+        let mut b = Batch::new();
+        for w in 0..16u8 {
+            b.delete(key(T2, &[w], b"side"));
+        }
+        s.write(b).await.unwrap();
+    }
+}
+
+/// Read-modify-write with guards and retries loses no increment.
+pub async fn concurrent_counter_increments(s: Arc<dyn Store>) {
+    put(&*s, T1, b"ctr", b"n", &0u64.to_be_bytes(), 1).await;
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                loop {
+                    let row = s.get(key(T1, b"ctr", b"n")).await.unwrap().unwrap();
+                    let n = u64::from_be_bytes(row.value.as_slice().try_into().unwrap());
+                    let mut b = Batch::new();
+                    b.put(
+                        key(T1, b"ctr", b"n"),
+                        (n + 1).to_be_bytes().to_vec(),
+                        row.version + 1,
+                    )
+                    .guard(key(T1, b"ctr", b"n"), Expect::Version(row.version));
+                    match s.write(b).await {
+                        Ok(()) => break,
+                        Err(StoreError::GuardFailed { .. }) => continue,
+                        Err(e) if e.is_retryable() => continue,
+                        Err(e) => panic!("unexpected {e}"),
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let row = s.get(key(T1, b"ctr", b"n")).await.unwrap().unwrap();
+    assert_eq!(
+        u64::from_be_bytes(row.value.as_slice().try_into().unwrap()),
+        160
+    );
+    assert_eq!(row.version, 161);
+}
+
+/// Values up to 1 MiB round-trip byte for byte, in points and scans.
+pub async fn large_values(s: Arc<dyn Store>) {
+    let mib: Vec<u8> = (0..1024 * 1024)
+        .map(|i: u32| (i * 7 + i / 251) as u8)
+        .collect();
+    let mut b = Batch::new();
+    for i in 0..4u8 {
+        let mut v = mib.clone();
+        v[0] = i;
+        b.put(key(T1, b"big", &[i]), v, 1);
+    }
+    s.write(b).await.unwrap();
+    let row = s.get(key(T1, b"big", &[2])).await.unwrap().unwrap();
+    assert_eq!(row.value.len(), mib.len());
+    assert_eq!(row.value[0], 2);
+    assert_eq!(row.value[1..], mib[1..]);
+    let rows = s
+        .scan(Scan::partition(T1, b"big".to_vec(), 10))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 4);
+    assert!(rows.iter().all(|r| r.value[1..] == mib[1..]));
+}
+
+/// Many partitions stay apart, including partitions that are prefixes of
+/// each other.
+pub async fn many_partitions(s: Arc<dyn Store>) {
+    // Minimal big-endian bytes: partition 1 is a prefix of partition 256.
+    let part = |i: u32| -> Vec<u8> {
+        let bytes = i.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count().min(3);
+        let mut p = b"part".to_vec();
+        p.extend_from_slice(&bytes[skip..]);
+        p
+    };
+    let mut b = Batch::new();
+    for i in 0..1000u32 {
+        for j in 0..3u8 {
+            b.put(key(T1, &part(i), &[j]), i.to_be_bytes().to_vec(), 1);
+        }
+        if b.ops.len() >= 300 {
+            s.write(std::mem::take(&mut b)).await.unwrap();
+        }
+    }
+    s.write(b).await.unwrap();
+    for i in (0..1000u32).step_by(7) {
+        let rows = s.scan(Scan::partition(T1, part(i), 10)).await.unwrap();
+        assert_eq!(rows.len(), 3, "partition {i}");
+        assert!(rows.iter().all(|r| r.value == i.to_be_bytes()));
+    }
+    assert!(s
+        .scan(Scan::partition(T1, b"part".to_vec(), 10))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// `get_many` and `scan_many` answer exactly like the single calls.
+pub async fn many_reads_match_single(s: Arc<dyn Store>) {
+    for p in 0..5u8 {
+        for c in 0..10u8 {
+            put(&*s, T2, &[p], &[c], &[p, c], c as u64).await;
+        }
+    }
+    let keys: Vec<Key> = (0..12u8).map(|i| key(T2, &[i % 6], &[i])).collect();
+    let many = s.get_many(keys.clone()).await.unwrap();
+    assert_eq!(many.len(), keys.len());
+    for (k, got) in keys.into_iter().zip(many) {
+        assert_eq!(got, s.get(k).await.unwrap());
+    }
+    let scans: Vec<Scan> = (0..7u8)
+        .map(|p| {
+            Scan::partition(T2, vec![p], 4)
+                .bounds(Bound::Excluded(vec![2]), Bound::Unbounded)
+                .direction(if p % 2 == 0 {
+                    Direction::Forward
+                } else {
+                    Direction::Reverse
+                })
+        })
+        .collect();
+    let many = s.scan_many(scans.clone()).await.unwrap();
+    assert_eq!(many.len(), scans.len());
+    for (scan, got) in scans.into_iter().zip(many) {
+        assert_eq!(got, s.scan(scan).await.unwrap());
+    }
+}
+
+/// Oversized keys and values are refused as invalid, and nothing applies.
+pub async fn oversized_input_refused(s: Arc<dyn Store>) {
+    let mut b = Batch::new();
+    b.put(key(T1, b"ok", b"a"), b"v".to_vec(), 1).put(
+        key(T1, &vec![1; crate::MAX_KEY_LEN + 1], b"x"),
+        b"v".to_vec(),
+        1,
+    );
+    assert!(matches!(s.write(b).await, Err(StoreError::Invalid(_))));
+    let mut b = Batch::new();
+    b.put(key(T1, b"ok", b"a"), b"v".to_vec(), 1).put(
+        key(T1, b"ok", b"b"),
+        vec![0; crate::MAX_VALUE_LEN + 1],
+        1,
+    );
+    assert!(matches!(s.write(b).await, Err(StoreError::Invalid(_))));
+    assert!(s.get(key(T1, b"ok", b"a")).await.unwrap().is_none());
+}

@@ -1,0 +1,417 @@
+//! The storage contract: the only way Tarn's engine touches data.
+//!
+//! Everything Tarn keeps — items, ACLs, index rows, groups, sessions, bodies —
+//! is written by the engine as rows of this contract, so every backend only has
+//! to provide this small set of operations, and one conformance suite
+//! ([`conformance`], feature `conformance`) proves that each backend does.
+//!
+//! # Data model
+//!
+//! A row is addressed by `(table, partition, clustering)`: a [`Table`] name and
+//! two byte strings. It holds a value (bytes) and a version (`u64`, chosen by
+//! the writer). Rows of one partition are ordered by their clustering key,
+//! compared as plain bytes (`memcmp`, a shorter key before any longer key it
+//! is a prefix of, the empty key first). Rows of different partitions have no
+//! order relative to each other: nothing in the contract reads across
+//! partitions.
+//!
+//! # Operations
+//!
+//! - [`Store::get`] / [`Store::get_many`]: point reads.
+//! - [`Store::scan`] / [`Store::scan_many`]: an ordered read of one partition
+//!   between two clustering bounds, forward or reverse, with a limit.
+//! - [`Store::write`]: an atomic [`Batch`] of puts and deletes over any tables
+//!   and partitions, optionally guarded by conditions on rows of **one**
+//!   partition. A failed guard applies nothing and names the guard.
+//!
+//! # How each backend maps the contract
+//!
+//! | contract | SQLite | PostgreSQL | Cassandra |
+//! | --- | --- | --- | --- |
+//! | row | `rows(tbl, part BLOB, clus BLOB, value, version)`, primary key `(tbl, part, clus)`, `WITHOUT ROWID` | one table, primary key `(tbl, part bytea, clus bytea)` (bytea compares bytewise) | a table per contract table, `PRIMARY KEY ((part), clus)`; `blob` clustering columns compare bytewise |
+//! | `get` | `SELECT … WHERE tbl=? AND part=? AND clus=?` | the same, prepared | `SELECT … WHERE part=? AND clus=?` at QUORUM |
+//! | `scan` | `… AND clus >[=] ? AND clus <[=] ? ORDER BY clus ASC/DESC LIMIT ?` | the same | the same CQL: clustering slices with `ORDER BY` and `LIMIT` are native |
+//! | `write` without guards | one transaction | one transaction | one logged batch |
+//! | `write` with guards | guards checked and ops applied in one transaction (one `SAVEPOINT` per write inside a group commit) | `SELECT … FOR UPDATE` on the guarded rows, then the ops, in one transaction; serialization failures map to [`StoreError::Conflict`] | a conditional (LWT) batch on the guarded partition, carrying the rest of the batch as an intent row, then one logged batch with the rest and the intent's removal; readers of a partition with a pending intent roll it forward |
+//!
+//! Guards are restricted to one partition because that is the largest unit
+//! Cassandra can update conditionally; the contract never asks a backend for
+//! more than every backend can give.
+
+#![warn(missing_docs)]
+
+mod counting;
+pub mod memory;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use counting::{CountingStore, ReadCounts};
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+/// Largest partition or clustering key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 4096;
+/// Largest value accepted, in bytes. The engine stores bodies in chunks well
+/// below this.
+pub const MAX_VALUE_LEN: usize = 4 * 1024 * 1024;
+
+/// The name of a logical table: lower-case ASCII letters, digits and `_`,
+/// 1 to 32 characters. Backends may turn it into a physical table name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Table(&'static str);
+
+impl Table {
+    /// A table name; panics (at compile time in a `const`) on an invalid name.
+    pub const fn new(name: &'static str) -> Table {
+        let b = name.as_bytes();
+        assert!(!b.is_empty() && b.len() <= 32, "table name length");
+        let mut i = 0;
+        while i < b.len() {
+            let c = b[i];
+            assert!(
+                c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_',
+                "table name characters"
+            );
+            i += 1;
+        }
+        Table(name)
+    }
+
+    /// The table's name.
+    pub const fn name(self) -> &'static str {
+        self.0
+    }
+}
+
+/// The address of one row.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    /// The logical table.
+    pub table: Table,
+    /// The partition key.
+    pub partition: Vec<u8>,
+    /// The clustering key: orders rows within the partition.
+    pub clustering: Vec<u8>,
+}
+
+impl Key {
+    /// A key from its three parts.
+    pub fn new(table: Table, partition: impl Into<Vec<u8>>, clustering: impl Into<Vec<u8>>) -> Key {
+        Key {
+            table,
+            partition: partition.into(),
+            clustering: clustering.into(),
+        }
+    }
+}
+
+/// One row as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    /// The row's clustering key (its table and partition are the caller's).
+    pub clustering: Vec<u8>,
+    /// The stored bytes.
+    pub value: Vec<u8>,
+    /// The version its last writer gave it.
+    pub version: u64,
+}
+
+/// The direction of a scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Ascending clustering keys.
+    Forward,
+    /// Descending clustering keys.
+    Reverse,
+}
+
+/// An ordered read of one partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scan {
+    /// The table.
+    pub table: Table,
+    /// The partition to read.
+    pub partition: Vec<u8>,
+    /// The lower clustering bound, whatever the direction.
+    pub lower: Bound<Vec<u8>>,
+    /// The upper clustering bound, whatever the direction.
+    pub upper: Bound<Vec<u8>>,
+    /// `Forward` starts at `lower`, `Reverse` at `upper`.
+    pub direction: Direction,
+    /// The most rows to return.
+    pub limit: usize,
+}
+
+impl Scan {
+    /// A scan of the whole partition, forward, with a limit.
+    pub fn partition(table: Table, partition: impl Into<Vec<u8>>, limit: usize) -> Scan {
+        Scan {
+            table,
+            partition: partition.into(),
+            lower: Bound::Unbounded,
+            upper: Bound::Unbounded,
+            direction: Direction::Forward,
+            limit,
+        }
+    }
+
+    /// This scan with another direction.
+    pub fn direction(mut self, direction: Direction) -> Scan {
+        self.direction = direction;
+        self
+    }
+
+    /// This scan with other bounds.
+    pub fn bounds(mut self, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>) -> Scan {
+        self.lower = lower;
+        self.upper = upper;
+        self
+    }
+
+    /// Whether `clustering` lies within the bounds.
+    pub fn contains(&self, clustering: &[u8]) -> bool {
+        let above = match &self.lower {
+            Bound::Unbounded => true,
+            Bound::Included(l) => clustering >= l.as_slice(),
+            Bound::Excluded(l) => clustering > l.as_slice(),
+        };
+        let below = match &self.upper {
+            Bound::Unbounded => true,
+            Bound::Included(u) => clustering <= u.as_slice(),
+            Bound::Excluded(u) => clustering < u.as_slice(),
+        };
+        above && below
+    }
+}
+
+/// One change of a [`Batch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Create or replace the row.
+    Put {
+        /// The row.
+        key: Key,
+        /// Its new value.
+        value: Vec<u8>,
+        /// Its new version.
+        version: u64,
+    },
+    /// Remove the row; removing an absent row is not an error.
+    Delete {
+        /// The row.
+        key: Key,
+    },
+}
+
+impl Op {
+    /// The row this op changes.
+    pub fn key(&self) -> &Key {
+        match self {
+            Op::Put { key, .. } | Op::Delete { key } => key,
+        }
+    }
+}
+
+/// What a [`Guard`] expects of its row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// The row does not exist.
+    Absent,
+    /// The row exists with exactly this version.
+    Version(u64),
+}
+
+/// A condition a [`Batch`] needs to hold before it applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Guard {
+    /// The row checked.
+    pub key: Key,
+    /// What it must be.
+    pub expect: Expect,
+}
+
+/// A set of changes applied all or nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Changes, applied in order: a later op on the same row wins.
+    pub ops: Vec<Op>,
+    /// Conditions, all on rows of one partition of one table.
+    pub guards: Vec<Guard>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    /// Adds a put.
+    pub fn put(&mut self, key: Key, value: Vec<u8>, version: u64) -> &mut Batch {
+        self.ops.push(Op::Put {
+            key,
+            value,
+            version,
+        });
+        self
+    }
+
+    /// Adds a delete.
+    pub fn delete(&mut self, key: Key) -> &mut Batch {
+        self.ops.push(Op::Delete { key });
+        self
+    }
+
+    /// Adds a guard.
+    pub fn guard(&mut self, key: Key, expect: Expect) -> &mut Batch {
+        self.guards.push(Guard { key, expect });
+        self
+    }
+
+    /// Whether the batch has no ops and no guards.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty() && self.guards.is_empty()
+    }
+
+    /// Checks the limits every backend enforces: key and value sizes, and all
+    /// guards on one partition. Backends call this before touching data.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        for op in &self.ops {
+            check_key(op.key())?;
+            if let Op::Put { value, .. } = op {
+                if value.len() > MAX_VALUE_LEN {
+                    return Err(StoreError::Invalid(format!(
+                        "value of {} bytes exceeds {MAX_VALUE_LEN}",
+                        value.len()
+                    )));
+                }
+            }
+        }
+        if let Some(first) = self.guards.first() {
+            for g in &self.guards {
+                check_key(&g.key)?;
+                if g.key.table != first.key.table || g.key.partition != first.key.partition {
+                    return Err(StoreError::Invalid(
+                        "all guards of a batch must be on one partition".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks the key size limits.
+pub fn check_key(key: &Key) -> Result<(), StoreError> {
+    if key.partition.len() > MAX_KEY_LEN || key.clustering.len() > MAX_KEY_LEN {
+        return Err(StoreError::Invalid(format!(
+            "key part longer than {MAX_KEY_LEN} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// What can go wrong in a store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Another transaction got in the way; retrying the whole operation may
+    /// succeed.
+    #[error("conflict with a concurrent transaction: {0}")]
+    Conflict(String),
+    /// The store cannot be reached or cannot serve now; retrying later may
+    /// succeed.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The guard at this index of [`Batch::guards`] did not hold; nothing was
+    /// applied.
+    #[error("guard {guard} of the batch did not hold")]
+    GuardFailed {
+        /// Index into [`Batch::guards`].
+        guard: usize,
+    },
+    /// Stored data is damaged.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+    /// The request breaks the contract (sizes, guards on several partitions).
+    #[error("invalid store request: {0}")]
+    Invalid(String),
+    /// Anything else.
+    #[error("store error: {0}")]
+    Other(String),
+}
+
+impl StoreError {
+    /// Whether retrying the whole operation may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Conflict(_) | StoreError::Unavailable(_))
+    }
+}
+
+/// Result of store operations.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The storage contract. Every method is safe to call concurrently from many
+/// tasks; implementations keep no lock across calls that callers could see.
+///
+/// Visibility: once [`Store::write`] returns `Ok`, every later read on any
+/// handle of the same store (any node, for shared backends) sees the write.
+/// A read never sees part of a batch.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Reads one row; `None` if absent.
+    async fn get(&self, key: Key) -> StoreResult<Option<Row>>;
+
+    /// Reads several rows, answers in the order of `keys`. Backends may read
+    /// them in one round trip; each answer is as [`Store::get`] would give.
+    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Row>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            out.push(self.get(key).await?);
+        }
+        Ok(out)
+    }
+
+    /// Reads at most `scan.limit` rows of one partition whose clustering keys
+    /// lie within the bounds, in ascending byte order (`Forward`, starting at
+    /// the lower bound) or descending (`Reverse`, starting at the upper bound).
+    /// A limit of 0 returns nothing.
+    async fn scan(&self, scan: Scan) -> StoreResult<Vec<Row>>;
+
+    /// Runs several scans, answers in order; each as [`Store::scan`] gives.
+    async fn scan_many(&self, scans: Vec<Scan>) -> StoreResult<Vec<Vec<Row>>> {
+        let mut out = Vec::with_capacity(scans.len());
+        for scan in scans {
+            out.push(self.scan(scan).await?);
+        }
+        Ok(out)
+    }
+
+    /// Applies the batch atomically: all of it or none of it, and only if
+    /// every guard holds at the moment of applying. Returns `Ok` only once the
+    /// batch is durable. A failed guard returns
+    /// [`StoreError::GuardFailed`] with the index of the first failing guard
+    /// and changes nothing. Concurrent writes are serialisable: of N batches
+    /// guarded on the same row version, at most one succeeds.
+    async fn write(&self, batch: Batch) -> StoreResult<()>;
+}
+
+#[async_trait::async_trait]
+impl<S: Store + ?Sized> Store for Arc<S> {
+    async fn get(&self, key: Key) -> StoreResult<Option<Row>> {
+        (**self).get(key).await
+    }
+    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Row>>> {
+        (**self).get_many(keys).await
+    }
+    async fn scan(&self, scan: Scan) -> StoreResult<Vec<Row>> {
+        (**self).scan(scan).await
+    }
+    async fn scan_many(&self, scans: Vec<Scan>) -> StoreResult<Vec<Vec<Row>>> {
+        (**self).scan_many(scans).await
+    }
+    async fn write(&self, batch: Batch) -> StoreResult<()> {
+        (**self).write(batch).await
+    }
+}
