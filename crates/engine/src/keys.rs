@@ -10,7 +10,9 @@
 //!   sign-flipped big-endian form, then the exact distance of an integer
 //!   from that `f64`, so integers beyond 2^53 still order exactly;
 //! - strings: UTF-8 bytes (code point order), `0x00` escaped as `0x00 0xFF`,
-//!   ended by `0x00` (the scheme of FoundationDB's tuple layer);
+//!   ended by `0x00 0x01`. (FoundationDB's tuple layer ends strings with a
+//!   bare `0x00`, which makes `""` a prefix of `"\0"`: fine ascending, wrong
+//!   once inverted for descending order.)
 //! - missing: a value that is absent, or an array or object (not orderable),
 //!   sorts after every value.
 //!
@@ -80,7 +82,7 @@ fn encode_str_body(out: &mut Vec<u8>, bytes: &[u8]) {
             out.push(0xFF);
         }
     }
-    out.push(0x00);
+    out.extend_from_slice(&[0x00, 0x01]);
 }
 
 fn encode_number(out: &mut Vec<u8>, n: &serde_json::Number) {

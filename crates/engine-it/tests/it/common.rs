@@ -1,0 +1,77 @@
+//! Engines for tests: cheap password hashes, a stepping clock, short leases.
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tarn_engine::{Caller, Clock, Engine, EngineConfig, NewUser, PasswordCost};
+use tarn_store::Store;
+
+pub fn config() -> EngineConfig {
+    EngineConfig {
+        password_cost: PasswordCost::for_tests(),
+        write_lease: Duration::from_millis(10),
+        clock: Clock::Stepping(Arc::new(AtomicI64::new(1_700_000_000_000_000))),
+        ..EngineConfig::default()
+    }
+}
+
+pub fn engine(store: Arc<dyn Store>) -> Engine {
+    Engine::new(store, config())
+}
+
+pub fn memory() -> Engine {
+    engine(Arc::new(tarn_store::memory::MemoryStore::new()))
+}
+
+pub fn sqlite() -> (Engine, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = tarn_store_sqlite::SqliteStore::open(dir.path()).unwrap();
+    (engine(Arc::new(store)), dir)
+}
+
+pub fn user(name: &str) -> Caller {
+    Caller::User {
+        username: name.into(),
+        admin: false,
+    }
+}
+
+pub fn admin() -> Caller {
+    Caller::User {
+        username: "admin".into(),
+        admin: true,
+    }
+}
+
+pub async fn sign_up(e: &Engine, name: &str) -> Caller {
+    e.create_user(
+        &Caller::Anonymous,
+        NewUser {
+            username: name.into(),
+            password: format!("{name}-password"),
+            properties: Map::new(),
+            admin: false,
+        },
+        true,
+    )
+    .await
+    .unwrap();
+    user(name)
+}
+
+pub fn props(v: Value) -> Map<String, Value> {
+    v.as_object().unwrap().clone()
+}
+
+/// Waits until an index is ready (its build runs in the background).
+pub async fn wait_ready(e: &Engine, name: &str) {
+    for _ in 0..500 {
+        if e.get_index(name).await.unwrap().state == tarn_engine::IndexState::Ready {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("index {name} never became ready");
+}

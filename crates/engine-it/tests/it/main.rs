@@ -1,0 +1,7 @@
+//! The engine's integration tests: one binary, a module per feature.
+
+mod common;
+mod cost;
+mod model;
+mod refusals;
+mod scenarios;

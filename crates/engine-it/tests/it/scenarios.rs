@@ -1,0 +1,371 @@
+//! End-to-end scenarios: sessions, nested groups, bodies, declared indexes
+//! with where-fields, backfill and drop, concurrent edits.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use tarn_engine::{
+    BodyRange, EngineError, Grant, IndexState, ListQuery, Order, Principal, Role, SortField,
+};
+use tarn_store::memory::MemoryStore;
+
+use crate::common::{self, admin, props, sign_up};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_open_hold_and_end() {
+    let (e, _dir) = common::sqlite();
+    sign_up(&e, "alice").await;
+    let r = e.sign_in("alice", "wrong password").await;
+    assert!(matches!(r, Err(EngineError::Unauthenticated(_))));
+    let r = e.sign_in("nobody", "alice-password").await;
+    assert!(matches!(r, Err(EngineError::Unauthenticated(_))));
+    let (token, user) = e.sign_in("alice", "alice-password").await.unwrap();
+    assert_eq!(user.username, "alice");
+    assert!(token.len() >= 22, "at least 128 bits");
+    assert_eq!(e.authenticate(&token).await.unwrap(), common::user("alice"));
+    let (second, _) = e.sign_in("alice", "alice-password").await.unwrap();
+    e.sign_out(&token).await.unwrap();
+    assert!(matches!(
+        e.authenticate(&token).await,
+        Err(EngineError::Unauthenticated(_))
+    ));
+    assert!(
+        e.authenticate(&second).await.is_ok(),
+        "other sessions live on"
+    );
+    // A password reset ends every session.
+    e.set_password("alice", "a new password", None, false)
+        .await
+        .unwrap();
+    assert!(e.authenticate(&second).await.is_err());
+    assert!(e.sign_in("alice", "alice-password").await.is_err());
+    e.sign_in("alice", "a new password").await.unwrap();
+    // The admin user.
+    let a = e.ensure_admin("admin password").await.unwrap();
+    assert!(a.admin);
+    let (t, _) = e.sign_in("admin", "admin password").await.unwrap();
+    assert!(e.authenticate(&t).await.unwrap().is_admin());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_expire() {
+    let e = tarn_engine::Engine::new(
+        Arc::new(tarn_store::memory::MemoryStore::new()),
+        tarn_engine::EngineConfig {
+            session_ttl: std::time::Duration::from_millis(5),
+            ..common::config()
+        },
+    );
+    sign_up(&e, "alice").await;
+    let (token, _) = e.sign_in("alice", "alice-password").await.unwrap();
+    // The stepping clock moves 1 ms per reading.
+    for _ in 0..10 {
+        e.get_user("alice").await.unwrap();
+        let _ = e
+            .create_group(&common::user("alice"), "tick", None, Default::default())
+            .await;
+    }
+    assert!(matches!(
+        e.authenticate(&token).await,
+        Err(EngineError::Unauthenticated(_))
+    ));
+}
+
+#[tokio::test]
+async fn me_lists_nested_groups() {
+    let e = common::memory();
+    let alice = sign_up(&e, "alice").await;
+    for g in ["inner", "outer", "other"] {
+        e.create_group(&alice, g, Some(g.to_uppercase()), Default::default())
+            .await
+            .unwrap();
+    }
+    e.add_member(&alice, "inner", &Principal::User("alice".into()))
+        .await
+        .unwrap();
+    e.add_member(&alice, "outer", &Principal::Group("inner".into()))
+        .await
+        .unwrap();
+    let me = e.me(&alice).await.unwrap();
+    assert_eq!(me.groups, vec!["inner".to_string(), "outer".to_string()]);
+    let page = e.list_members(&alice, "outer", 10, None).await.unwrap();
+    assert_eq!(page.members, vec![Principal::Group("inner".into())]);
+    assert!(page.next.is_none());
+    for i in 0..5 {
+        let name = format!("m{i}");
+        sign_up(&e, &name).await;
+        e.add_member(&alice, "other", &Principal::User(name))
+            .await
+            .unwrap();
+    }
+    let p1 = e.list_members(&alice, "other", 3, None).await.unwrap();
+    let p2 = e
+        .list_members(&alice, "other", 3, p1.next.as_deref())
+        .await
+        .unwrap();
+    assert_eq!(p1.members.len() + p2.members.len(), 5);
+    assert!(p2.next.is_none());
+}
+
+async fn read_all(mut r: tarn_engine::BodyReader) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(c) = r.next_chunk().await.unwrap() {
+        assert!(c.len() <= 4 * 256 * 1024, "bounded pieces");
+        out.extend_from_slice(&c);
+    }
+    out
+}
+
+/// Waits for background clean-up to bring the store to `want` rows.
+async fn settle_rows(store: &MemoryStore, want: usize) {
+    for _ in 0..200 {
+        if store.len() == want {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(store.len(), want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_stream_in_and_out_with_ranges() {
+    let store = Arc::new(MemoryStore::new());
+    let e = common::engine(store.clone());
+    let alice = sign_up(&e, "alice").await;
+    let bob = sign_up(&e, "bob").await;
+    let before_item = store.len();
+    let bob_views = vec![Grant {
+        principal: Principal::User("bob".into()),
+        role: Role::Viewer,
+    }];
+    let item = e
+        .create_item(&alice, "file", Default::default(), bob_views)
+        .await
+        .unwrap();
+    let id = item.item.id.clone();
+    let with_item = store.len();
+    // 2.5 MiB in uneven pieces: ten full chunks of 256 KiB and a partial one.
+    let data: Vec<u8> = (0..(5 * 512 * 1024 + 123))
+        .map(|i: u32| (i % 251) as u8)
+        .collect();
+    let mut up = e
+        .begin_body(&alice, &id, None, "application/octet-stream")
+        .await
+        .unwrap();
+    for piece in data.chunks(100_003) {
+        up.write(piece).await.unwrap();
+    }
+    let view = up.finish(Some(1)).await.unwrap();
+    assert_eq!(store.len(), with_item + 11, "eleven chunks");
+    let meta = view.item.body.clone().unwrap();
+    assert_eq!(meta.size, data.len() as u64);
+    assert_eq!(view.item.version, 2);
+    use sha2::Digest;
+    let want_sha: String = sha2::Sha256::digest(&data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(meta.sha256, want_sha);
+
+    let (_, reader) = e.open_body(&bob, &id, None).await.unwrap();
+    assert_eq!(read_all(reader.unwrap()).await, data);
+    let len = data.len() as u64;
+    for (start, end) in [
+        (0u64, 1u64),
+        (262_143, 262_145),
+        (1_000_000, 2_500_000),
+        (len - 5, len),
+    ] {
+        let (_, reader) = e.open_body(&bob, &id, None).await.unwrap();
+        let mut reader = reader.unwrap();
+        reader.seek(BodyRange { start, end });
+        assert_eq!(
+            read_all(reader).await,
+            &data[start as usize..end as usize],
+            "{start}-{end}"
+        );
+    }
+    // A viewer cannot upload; a stale upload is refused and its chunks go.
+    assert!(matches!(
+        e.begin_body(&bob, &id, None, "text/plain").await,
+        Err(EngineError::Forbidden(_))
+    ));
+    let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
+    up.write(b"small").await.unwrap();
+    let stale = up.finish(Some(1)).await;
+    assert!(
+        matches!(stale, Err(EngineError::VersionMismatch { .. })),
+        "{stale:?}"
+    );
+    settle_rows(&store, with_item + 11).await;
+    // Replacing the body removes the old chunks.
+    let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
+    up.write(b"small").await.unwrap();
+    up.finish(None).await.unwrap();
+    let (view, reader) = e.open_body(&bob, &id, None).await.unwrap();
+    assert_eq!(view.item.body.unwrap().content_type, "text/plain");
+    assert_eq!(read_all(reader.unwrap()).await, b"small");
+    settle_rows(&store, with_item + 1).await;
+    // Deleting the item removes everything it had.
+    e.delete_item(&alice, &id, None).await.unwrap();
+    settle_rows(&store, before_item).await;
+}
+
+#[tokio::test]
+async fn where_indexes_and_backfill() {
+    let e = common::memory();
+    let alice = sign_up(&e, "alice").await;
+    let bob = sign_up(&e, "bob").await;
+    let share_bob = vec![Grant {
+        principal: Principal::User("bob".into()),
+        role: Role::Viewer,
+    }];
+    // Items first, index after: the build must pick them up.
+    let mut made = Vec::new();
+    for (i, team) in ["red", "blue", "red", "red", "green", "blue"]
+        .iter()
+        .enumerate()
+    {
+        let acl = if i % 2 == 0 {
+            share_bob.clone()
+        } else {
+            vec![]
+        };
+        let v = e
+            .create_item(
+                &alice,
+                "member",
+                props(json!({"team": team, "profile": {"last": format!("n{}", 9 - i)}})),
+                acl,
+            )
+            .await
+            .unwrap();
+        made.push(v.item.id);
+    }
+    e.create_item(&alice, "other", props(json!({"team": "red"})), vec![])
+        .await
+        .unwrap();
+    let sort = vec![SortField {
+        field: "profile.last".into(),
+        order: Order::Asc,
+    }];
+    e.declare_index(
+        &admin(),
+        "members-by-team",
+        "member",
+        vec!["team".into()],
+        sort.clone(),
+    )
+    .await
+    .unwrap();
+    common::wait_ready(&e, "members-by-team").await;
+    let q = |team: &str| ListQuery {
+        kind: Some("member".into()),
+        where_: vec![("team".into(), json!(team))],
+        sort: sort.clone(),
+        limit: 2,
+        ..ListQuery::default()
+    };
+    let ids = |p: &tarn_engine::Page| {
+        p.items
+            .iter()
+            .map(|v| v.item.id.clone())
+            .collect::<Vec<_>>()
+    };
+    let p1 = e.list_items(&alice, &q("red")).await.unwrap();
+    // Red: items 0, 2, 3 with last names n9, n7, n6: sorted n6, n7, n9.
+    assert_eq!(ids(&p1), vec![made[3].clone(), made[2].clone()]);
+    let p2 = e
+        .list_items(
+            &alice,
+            &ListQuery {
+                cursor: p1.next.clone(),
+                ..q("red")
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&p2), vec![made[0].clone()]);
+    assert!(p2.next.is_none());
+    let bob_red = e.list_items(&bob, &q("red")).await.unwrap();
+    assert_eq!(ids(&bob_red), vec![made[2].clone(), made[0].clone()]);
+    // A listing with a where-field the index lacks has no index.
+    let r = e
+        .list_items(
+            &alice,
+            &ListQuery {
+                where_: vec![],
+                ..q("red")
+            },
+        )
+        .await;
+    assert!(matches!(r, Err(EngineError::NoIndex { .. })), "{r:?}");
+    // Edits move items between partitions.
+    e.patch_item(&alice, &made[0], None, &json!({"team": "blue"}), None)
+        .await
+        .unwrap();
+    let red = e
+        .list_items(
+            &alice,
+            &ListQuery {
+                limit: 10,
+                ..q("red")
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&red), vec![made[3].clone(), made[2].clone()]);
+    // Dropping removes the index and its rows.
+    e.drop_index(&admin(), "members-by-team").await.unwrap();
+    assert_eq!(
+        e.get_index("members-by-team").await.unwrap().state,
+        IndexState::Dropping
+    );
+    for _ in 0..200 {
+        if e.get_index("members-by-team").await.is_err() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(matches!(
+        e.get_index("members-by-team").await,
+        Err(EngineError::NotFound(_))
+    ));
+    let r = e.list_items(&alice, &q("red")).await;
+    assert!(matches!(r, Err(EngineError::NoIndex { .. })), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_if_match_edits_have_one_winner_per_version() {
+    let (e, _dir) = common::sqlite();
+    let alice = sign_up(&e, "alice").await;
+    let item = e
+        .create_item(&alice, "doc", Default::default(), vec![])
+        .await
+        .unwrap();
+    let id = item.item.id;
+    for version in 1..=5u64 {
+        let mut tasks = Vec::new();
+        for w in 0..8 {
+            let e = e.clone();
+            let id = id.clone();
+            let alice = alice.clone();
+            tasks.push(tokio::spawn(async move {
+                e.patch_item(&alice, &id, None, &json!({ "w": w }), Some(version))
+                    .await
+            }));
+        }
+        let mut ok = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(v) => {
+                    ok += 1;
+                    assert_eq!(v.item.version, version + 1);
+                }
+                Err(EngineError::VersionMismatch { .. }) => {}
+                Err(e) => panic!("unexpected {e:?}"),
+            }
+        }
+        assert_eq!(ok, 1, "version {version}");
+    }
+}
