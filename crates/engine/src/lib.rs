@@ -23,6 +23,7 @@ pub mod keys;
 pub mod listing;
 mod model;
 mod schema;
+mod throttle;
 mod users;
 
 use std::future::Future;
@@ -41,6 +42,7 @@ pub use listing::{ListQuery, Page, Scope};
 pub use model::{
     is_valid_name, merge_patch, BodyMeta, Grant, Group, Item, ItemView, Principal, Role, User,
 };
+pub use throttle::{ADDRESS_FAILURES, USER_FAILURES};
 pub use users::{Me, NewUser, PasswordCost};
 
 /// Who is asking.

@@ -1,54 +1,169 @@
 //! Tarn's HTTP API (axum): routes, authentication, JSON and errors.
 //!
 //! A handler extracts and validates input, makes one engine call and renders
-//! the result; nothing here knows SQL, key encodings or ACL rules.
+//! the result; nothing here knows SQL, key encodings or ACL rules. The routes
+//! live in one table ([`routes::table`]) that builds both the router and the
+//! OpenAPI document. Requests share nothing mutable but the store's pools
+//! and atomic metric counters.
 
 #![warn(missing_docs)]
 
-use std::sync::Arc;
+pub mod error;
+pub mod extract;
+pub mod metrics;
+pub mod openapi;
+mod render;
+pub mod routes;
 
-use axum::http::StatusCode;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
-use serde_json::json;
+use axum::Router;
+use tarn_engine::{Engine, EngineConfig};
 use tarn_store::Store;
 
-/// What every request handler can reach: the store's pools, nothing mutable.
+use crate::error::{ApiError, ErrorCause};
+use crate::metrics::{MeteredStore, Metrics};
+
+/// Settings of the HTTP layer.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Whether anyone may sign up (else only administrators create users).
+    pub signup_open: bool,
+    /// Largest JSON request body, in bytes.
+    pub max_json: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            signup_open: true,
+            max_json: 1024 * 1024,
+        }
+    }
+}
+
+/// What every handler can reach: the engine (the store's pools), settings,
+/// and lock-free metrics.
 #[derive(Clone)]
 pub struct AppState {
-    /// The store behind the engine.
-    pub store: Arc<dyn Store>,
+    /// The engine.
+    pub engine: Engine,
+    /// HTTP settings.
+    pub config: Arc<ServerConfig>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// `(method, route)` → metrics series; built once, read-only.
+    route_ids: Arc<HashMap<(Method, &'static str), usize>>,
+    /// Distinguishes this process's request ids.
+    node: u32,
+    next_request: Arc<AtomicU64>,
+}
+
+impl AppState {
+    /// The state of a server over `store`: the store is wrapped to be timed,
+    /// and the engine built on it.
+    pub fn new(store: Arc<dyn Store>, engine: EngineConfig, config: ServerConfig) -> AppState {
+        let table = routes::table();
+        let labels: Vec<(String, String)> = table
+            .iter()
+            .map(|r| (r.method.to_string(), r.path.to_string()))
+            .collect();
+        let route_ids = table
+            .iter()
+            .enumerate()
+            .map(|(i, r)| ((r.method.clone(), r.path), i))
+            .collect();
+        let metrics = Arc::new(Metrics::new(&labels));
+        let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
+        let mut node = [0u8; 4];
+        let _ = getrandom::fill(&mut node);
+        AppState {
+            engine: Engine::new(store, engine),
+            config: Arc::new(config),
+            metrics,
+            route_ids: Arc::new(route_ids),
+            node: u32::from_le_bytes(node),
+            next_request: Arc::new(AtomicU64::new(0)),
+        }
+    }
 }
 
 /// The whole HTTP application.
 pub fn app(state: AppState) -> Router {
-    Router::new()
-        .route("/api/v1/health", get(health))
-        .fallback(not_found)
+    let mut router = Router::new();
+    for r in routes::table() {
+        router = router.route(r.path, (r.handler)());
+    }
+    router
+        .fallback(fallback)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), track))
+        .layer(DefaultBodyLimit::disable())
         .with_state(state)
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+async fn fallback() -> ApiError {
+    ApiError::not_found("no such route")
 }
 
-async fn not_found() -> Response {
-    problem(StatusCode::NOT_FOUND, "not-found", "no such route")
-}
-
-/// An RFC 9457 problem response.
-pub fn problem(status: StatusCode, slug: &str, detail: &str) -> Response {
-    let body = json!({
-        "type": slug,
-        "title": status.canonical_reason().unwrap_or(""),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    (
-        status,
-        [(axum::http::header::CONTENT_TYPE, "application/problem+json")],
-        body.to_string(),
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "this route does not take that method",
     )
-        .into_response()
+}
+
+/// One log line and one metrics record per request, and a request id.
+async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let method = req.method().clone();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string());
+    let key_method = if method == Method::HEAD {
+        Method::GET
+    } else {
+        method.clone()
+    };
+    let series = route
+        .as_deref()
+        .and_then(|r| s.route_ids.get(&(key_method, r)).copied())
+        .unwrap_or_else(|| s.metrics.unmatched());
+    let n = s.next_request.fetch_add(1, Ordering::Relaxed);
+    let request_id = format!("{:08x}-{n:x}", s.node);
+    let _in_flight = s.metrics.start();
+    let mut res = next.run(req).await;
+    let status = res.status();
+    let latency = start.elapsed();
+    s.metrics.record(series, status.as_u16(), latency);
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        res.headers_mut().insert("x-request-id", v);
+    }
+    let route = route.as_deref().unwrap_or("unmatched");
+    let micros = latency.as_micros() as u64;
+    match res.extensions().get::<ErrorCause>() {
+        Some(cause) => tracing::error!(
+            request_id = %request_id, method = %method, route, status = status.as_u16(),
+            latency_us = micros, cause = %cause.0, "request failed"
+        ),
+        None => tracing::info!(
+            request_id = %request_id, method = %method, route, status = status.as_u16(),
+            latency_us = micros, "request"
+        ),
+    }
+    res
+}
+
+/// Renders any error as problem JSON (for callers outside the router).
+pub fn problem(status: StatusCode, slug: &'static str, detail: &str) -> Response {
+    ApiError::new(status, slug, detail).into_response()
 }

@@ -1,16 +1,26 @@
-//! The `tarn` binary: `tarn serve` and friends.
+//! The `tarn` binary: `tarn serve` runs the server, `tarn admin` works on a
+//! stopped data directory.
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::Context;
-use clap::{Parser, Subcommand};
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+use tarn_engine::{Caller, Engine, EngineConfig, IndexState, NewUser, Order, SortField};
+use tarn_server::{AppState, ServerConfig};
+use tarn_store::Store;
 use tarn_store_sqlite::SqliteStore;
 
 /// Tarn: a collaboration content server.
+///
+/// Users and nested groups, one pool of items shared per user, group,
+/// everyone or link, and listings that respect sharing at any pool size.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version, about, long_about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -18,18 +28,109 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the HTTP API.
+    /// Serve the HTTP API (on the embedded SQLite store unless --store).
     Serve(ServeArgs),
+    /// Administer a stopped data directory.
+    Admin(AdminArgs),
 }
 
-#[derive(clap::Args)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Signup {
+    /// Anyone may create an account.
+    Open,
+    /// Only administrators create accounts.
+    Closed,
+}
+
+#[derive(Args)]
 struct ServeArgs {
-    /// Address and port to listen on.
-    #[arg(long, env = "TARN_LISTEN", default_value = "127.0.0.1:7700")]
-    listen: SocketAddr,
-    /// Directory of the embedded store, created if missing.
+    /// Address and port to listen on [default: 127.0.0.1:7700].
+    #[arg(long, env = "TARN_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Directory of the embedded store, created if missing [default: ./tarn-data].
+    #[arg(long, env = "TARN_DATA")]
+    data: Option<PathBuf>,
+    /// Another store instead of the embedded one, e.g. postgres://user@host:5432/tarn.
+    #[arg(long, env = "TARN_STORE")]
+    store: Option<String>,
+    /// Whether anyone may sign up [default: open].
+    #[arg(long, env = "TARN_SIGNUP")]
+    signup: Option<Signup>,
+    /// A TOML file with any of: listen, data, store, signup, grace_seconds,
+    /// max_json_bytes, session_ttl_hours. Flags and environment win over it.
+    #[arg(long, env = "TARN_CONFIG")]
+    config: Option<PathBuf>,
+    /// Seconds requests in flight get to finish after SIGTERM or SIGINT [default: 10].
+    #[arg(long, env = "TARN_GRACE_SECONDS")]
+    grace_seconds: Option<u64>,
+    /// Largest JSON request body in bytes [default: 1048576].
+    #[arg(long, env = "TARN_MAX_JSON_BYTES")]
+    max_json_bytes: Option<usize>,
+    /// How long a session lasts, in hours [default: 720].
+    #[arg(long, env = "TARN_SESSION_TTL_HOURS")]
+    session_ttl_hours: Option<u64>,
+}
+
+/// The settings a config file may hold.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    data: Option<PathBuf>,
+    store: Option<String>,
+    signup: Option<Signup>,
+    grace_seconds: Option<u64>,
+    max_json_bytes: Option<usize>,
+    session_ttl_hours: Option<u64>,
+}
+
+#[derive(Args)]
+struct AdminArgs {
+    /// The data directory (the server must be stopped).
     #[arg(long, env = "TARN_DATA", default_value = "./tarn-data")]
     data: PathBuf,
+    #[command(subcommand)]
+    action: AdminAction,
+}
+
+#[derive(Subcommand)]
+enum AdminAction {
+    /// Create a user.
+    CreateUser {
+        /// The username.
+        #[arg(long)]
+        username: String,
+        /// The password (at least 8 characters).
+        #[arg(long, env = "TARN_USER_PASSWORD")]
+        password: String,
+        /// Make the user an administrator.
+        #[arg(long)]
+        admin: bool,
+    },
+    /// Set a user's password and end all their sessions.
+    ResetPassword {
+        /// The username.
+        #[arg(long)]
+        username: String,
+        /// The new password.
+        #[arg(long, env = "TARN_USER_PASSWORD")]
+        password: String,
+    },
+    /// Declare an index and build it before returning.
+    DeclareIndex {
+        /// The index name.
+        name: String,
+        /// The kind it covers.
+        #[arg(long)]
+        kind: String,
+        /// Where-fields, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        r#where: Vec<String>,
+        /// Sort fields, comma-separated, -field for descending.
+        #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+        sort: Vec<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,37 +139,198 @@ fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    let rt = tokio::runtime::Runtime::new()?;
     match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => rt.block_on(serve(args)),
+        Command::Admin(args) => rt.block_on(admin(args)),
     }
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async move {
-        let store = SqliteStore::open(&args.data)
-            .with_context(|| format!("opening the data directory {}", args.data.display()))?;
-        let app = tarn_server::app(tarn_server::AppState {
-            store: Arc::new(store),
-        });
-        let listener = tokio::net::TcpListener::bind(args.listen)
+fn open_store(store: Option<&str>, data: &Path) -> anyhow::Result<Arc<dyn Store>> {
+    match store {
+        None => Ok(Arc::new(SqliteStore::open(data).with_context(|| {
+            format!("cannot open the data directory {}", data.display())
+        })?)),
+        Some(url) if url.starts_with("sqlite://") => {
+            let path = Path::new(url.trim_start_matches("sqlite://"));
+            Ok(Arc::new(SqliteStore::open(path).with_context(|| {
+                format!("cannot open the data directory {}", path.display())
+            })?))
+        }
+        Some(url) => bail!(
+            "this build of tarn has no store for {url:?}; use the embedded store (no --store) or sqlite://DIR"
+        ),
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let file: FileConfig = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("{} is not valid", path.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let listen = args
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| "127.0.0.1:7700".parse().expect("address"));
+    let data = args
+        .data
+        .or(file.data)
+        .unwrap_or_else(|| PathBuf::from("./tarn-data"));
+    let store_url = args.store.or(file.store);
+    let signup = args.signup.or(file.signup).unwrap_or(Signup::Open);
+    let grace = Duration::from_secs(args.grace_seconds.or(file.grace_seconds).unwrap_or(10));
+    let server_config = ServerConfig {
+        signup_open: signup == Signup::Open,
+        max_json: args
+            .max_json_bytes
+            .or(file.max_json_bytes)
+            .unwrap_or(1024 * 1024),
+    };
+    let engine_config = EngineConfig {
+        session_ttl: Duration::from_secs(
+            3600 * args
+                .session_ttl_hours
+                .or(file.session_ttl_hours)
+                .unwrap_or(720),
+        ),
+        ..EngineConfig::default()
+    };
+
+    let store = open_store(store_url.as_deref(), &data)?;
+    let state = AppState::new(store, engine_config, server_config);
+    if let Ok(password) = std::env::var("TARN_ADMIN_PASSWORD") {
+        state
+            .engine
+            .ensure_admin(&password)
             .await
-            .with_context(|| format!("listening on {}", args.listen))?;
-        println!("tarn listening on http://{}", listener.local_addr()?);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
-        Ok(())
-    })
+            .context("TARN_ADMIN_PASSWORD")?;
+    }
+    state.engine.resume_index_work().await?;
+    let app = tarn_server::app(state);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    println!("tarn listening on http://{}", listener.local_addr()?);
+
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopping = stop.clone();
+    let mut server = tokio::spawn(
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { stopping.notified().await })
+        .into_future(),
+    );
+    tokio::select! {
+        done = &mut server => {
+            done??;
+            return Ok(());
+        }
+        _ = shutdown_signal() => {}
+    }
+    tracing::info!(
+        grace_seconds = grace.as_secs(),
+        "stopping: finishing requests in flight"
+    );
+    stop.notify_one();
+    match tokio::time::timeout(grace, server).await {
+        Ok(done) => done??,
+        Err(_) => tracing::warn!("grace period over; closing the remaining connections"),
+    }
+    Ok(())
 }
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
+        _ = int.recv() => {}
         _ = term.recv() => {}
     }
+}
+
+fn parse_sort(fields: &[String]) -> Vec<SortField> {
+    fields
+        .iter()
+        .map(|f| match f.strip_prefix('-') {
+            Some(rest) => SortField {
+                field: rest.to_string(),
+                order: Order::Desc,
+            },
+            None => SortField {
+                field: f.clone(),
+                order: Order::Asc,
+            },
+        })
+        .collect()
+}
+
+async fn admin(args: AdminArgs) -> anyhow::Result<()> {
+    let store = open_store(None, &args.data)?;
+    let engine = Engine::new(store, EngineConfig::default());
+    let admin = Caller::User {
+        username: "admin".into(),
+        admin: true,
+    };
+    match args.action {
+        AdminAction::CreateUser {
+            username,
+            password,
+            admin: make_admin,
+        } => {
+            let user = engine
+                .create_user(
+                    &admin,
+                    NewUser {
+                        username,
+                        password,
+                        properties: Default::default(),
+                        admin: make_admin,
+                    },
+                    false,
+                )
+                .await?;
+            println!("created user {} (admin: {})", user.username, user.admin);
+        }
+        AdminAction::ResetPassword { username, password } => {
+            engine
+                .set_password(&username, &password, None, false)
+                .await?;
+            println!("password of {username} set; their sessions are ended");
+        }
+        AdminAction::DeclareIndex {
+            name,
+            kind,
+            r#where,
+            sort,
+        } => {
+            let (def, created) = engine
+                .declare_index(&admin, &name, &kind, r#where, parse_sort(&sort))
+                .await?;
+            if !created && def.state == IndexState::Building {
+                // Left unfinished by a server that stopped: build it here.
+                engine.resume_index_work().await?;
+            }
+            if def.state == IndexState::Building {
+                loop {
+                    let def = engine.get_index(&name).await?;
+                    if def.state == IndexState::Ready {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            println!("index {name} is ready");
+        }
+    }
+    Ok(())
 }

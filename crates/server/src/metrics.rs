@@ -1,0 +1,245 @@
+//! Prometheus metrics from plain atomic counters: no lock on the request path.
+//!
+//! Every series is allocated at start (routes come from the route table), so
+//! recording a request is a handful of relaxed atomic adds.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tarn_store::{Batch, Key, Row, Scan, Store, StoreResult};
+
+/// Upper bounds of latency buckets, in seconds.
+const BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A latency histogram.
+#[derive(Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        for (i, b) in BUCKETS.iter().enumerate() {
+            cumulative += self.buckets[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {cumulative}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+    }
+}
+
+const STATUS_CLASSES: usize = 5;
+
+struct RouteSeries {
+    method: String,
+    route: String,
+    /// Requests by exact status, index `status - 100`.
+    statuses: Box<[AtomicU64; 500]>,
+    /// Latency by status class (1xx..5xx).
+    latency: [Histogram; STATUS_CLASSES],
+}
+
+const STORE_OPS: [&str; 5] = ["get", "get_many", "scan", "scan_many", "write"];
+
+/// All the server's metrics.
+pub struct Metrics {
+    routes: Vec<RouteSeries>,
+    in_flight: AtomicI64,
+    store: [Histogram; STORE_OPS.len()],
+    store_errors: [AtomicU64; STORE_OPS.len()],
+}
+
+impl Metrics {
+    /// Series for these routes (method, path), plus one for unmatched requests.
+    pub fn new(routes: &[(String, String)]) -> Metrics {
+        let mut series: Vec<RouteSeries> = routes
+            .iter()
+            .chain([&("ANY".to_string(), "unmatched".to_string())])
+            .map(|(m, r)| RouteSeries {
+                method: m.clone(),
+                route: r.clone(),
+                statuses: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
+                latency: Default::default(),
+            })
+            .collect();
+        series.shrink_to_fit();
+        Metrics {
+            routes: series,
+            in_flight: AtomicI64::new(0),
+            store: Default::default(),
+            store_errors: Default::default(),
+        }
+    }
+
+    /// The index of the unmatched series.
+    pub fn unmatched(&self) -> usize {
+        self.routes.len() - 1
+    }
+
+    /// Marks a request as started; the guard marks it finished.
+    pub fn start(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+
+    /// Records a finished request.
+    pub fn record(&self, route: usize, status: u16, latency: Duration) {
+        let r = &self.routes[route.min(self.routes.len() - 1)];
+        let s = usize::from(status.clamp(100, 599)) - 100;
+        r.statuses[s].fetch_add(1, Ordering::Relaxed);
+        r.latency[s / 100].observe(latency);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self, retries: u64) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        out.push_str("# HELP tarn_http_requests_total Requests answered, by route and status.\n");
+        out.push_str("# TYPE tarn_http_requests_total counter\n");
+        for r in &self.routes {
+            for (i, c) in r.statuses.iter().enumerate() {
+                let n = c.load(Ordering::Relaxed);
+                if n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "tarn_http_requests_total{{method=\"{}\",route=\"{}\",status=\"{}\"}} {n}",
+                        r.method,
+                        r.route,
+                        i + 100
+                    );
+                }
+            }
+        }
+        out.push_str(
+            "# HELP tarn_http_request_duration_seconds Latency by route and status class.\n",
+        );
+        out.push_str("# TYPE tarn_http_request_duration_seconds histogram\n");
+        for r in &self.routes {
+            for (class, h) in r.latency.iter().enumerate() {
+                if h.count.load(Ordering::Relaxed) > 0 {
+                    let labels = format!(
+                        "method=\"{}\",route=\"{}\",status=\"{}xx\"",
+                        r.method,
+                        r.route,
+                        class + 1
+                    );
+                    h.render(&mut out, "tarn_http_request_duration_seconds", &labels);
+                }
+            }
+        }
+        out.push_str("# HELP tarn_http_requests_in_flight Requests being served.\n");
+        out.push_str("# TYPE tarn_http_requests_in_flight gauge\n");
+        let _ = writeln!(
+            out,
+            "tarn_http_requests_in_flight {}",
+            self.in_flight.load(Ordering::Relaxed)
+        );
+        out.push_str("# HELP tarn_store_operation_duration_seconds Store calls by operation.\n");
+        out.push_str("# TYPE tarn_store_operation_duration_seconds histogram\n");
+        for (op, h) in STORE_OPS.iter().zip(&self.store) {
+            h.render(
+                &mut out,
+                "tarn_store_operation_duration_seconds",
+                &format!("op=\"{op}\""),
+            );
+        }
+        out.push_str("# HELP tarn_store_errors_total Store calls that failed, by operation.\n");
+        out.push_str("# TYPE tarn_store_errors_total counter\n");
+        for (op, c) in STORE_OPS.iter().zip(&self.store_errors) {
+            let _ = writeln!(
+                out,
+                "tarn_store_errors_total{{op=\"{op}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        out.push_str(
+            "# HELP tarn_engine_retries_total Operations run again after a store conflict.\n",
+        );
+        out.push_str("# TYPE tarn_engine_retries_total counter\n");
+        let _ = writeln!(out, "tarn_engine_retries_total {retries}");
+        out
+    }
+
+    fn store_call<T>(&self, op: usize, start: Instant, r: &StoreResult<T>) {
+        self.store[op].observe(start.elapsed());
+        if r.is_err() {
+            self.store_errors[op].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Decrements the in-flight gauge when dropped.
+pub struct InFlight(Arc<Metrics>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A store that times every call into the metrics.
+pub struct MeteredStore {
+    inner: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredStore {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Store>, metrics: Arc<Metrics>) -> MeteredStore {
+        MeteredStore { inner, metrics }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for MeteredStore {
+    async fn get(&self, key: Key) -> StoreResult<Option<Row>> {
+        let t = Instant::now();
+        let r = self.inner.get(key).await;
+        self.metrics.store_call(0, t, &r);
+        r
+    }
+    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Row>>> {
+        let t = Instant::now();
+        let r = self.inner.get_many(keys).await;
+        self.metrics.store_call(1, t, &r);
+        r
+    }
+    async fn scan(&self, scan: Scan) -> StoreResult<Vec<Row>> {
+        let t = Instant::now();
+        let r = self.inner.scan(scan).await;
+        self.metrics.store_call(2, t, &r);
+        r
+    }
+    async fn scan_many(&self, scans: Vec<Scan>) -> StoreResult<Vec<Vec<Row>>> {
+        let t = Instant::now();
+        let r = self.inner.scan_many(scans).await;
+        self.metrics.store_call(3, t, &r);
+        r
+    }
+    async fn write(&self, batch: Batch) -> StoreResult<()> {
+        let t = Instant::now();
+        let r = self.inner.write(batch).await;
+        self.metrics.store_call(4, t, &r);
+        r
+    }
+}

@@ -1,0 +1,192 @@
+//! Item bodies: streamed in and out, with `Range`.
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use tarn_engine::BodyRange;
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{Auth, IfMatch, LinkKey};
+use crate::routes::items::item_response;
+use crate::AppState;
+
+pub async fn put(
+    State(s): State<AppState>,
+    auth: Auth,
+    LinkKey(key): LinkKey,
+    IfMatch(if_match): IfMatch,
+    Path(id): Path<String>,
+    req: Request,
+) -> ApiResult<Response> {
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if content_type.is_empty() {
+        return Err(ApiError::invalid("a body upload needs a Content-Type"));
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > s.engine.config().max_body) {
+        return Err(ApiError::too_large(format!(
+            "a body is at most {} bytes",
+            s.engine.config().max_body
+        )));
+    }
+    let mut upload = s
+        .engine
+        .begin_body(&auth.caller, &id, key.as_deref(), &content_type)
+        .await?;
+    let mut stream = req.into_body().into_data_stream();
+    while let Some(piece) = stream.next().await {
+        let piece = piece.map_err(|e| ApiError::invalid(format!("the upload broke off: {e}")))?;
+        upload.write(&piece).await?;
+    }
+    let view = upload.finish(if_match).await?;
+    Ok(item_response(StatusCode::OK, &view))
+}
+
+/// Parses one `bytes=` range against a size; `Ok(None)` means serve it all
+/// (no header, or a form we do not serve such as several ranges).
+fn parse_range(headers: &HeaderMap, size: u64) -> Result<Option<BodyRange>, ()> {
+    let Some(v) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) else {
+        return Ok(None);
+    };
+    let Some(spec) = v.trim().strip_prefix("bytes=") else {
+        return Ok(None);
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let (a, b) = spec.split_once('-').ok_or(())?;
+    let (a, b) = (a.trim(), b.trim());
+    let range = if a.is_empty() {
+        let n: u64 = b.parse().map_err(|_| ())?;
+        if n == 0 {
+            return Err(());
+        }
+        BodyRange {
+            start: size.saturating_sub(n),
+            end: size,
+        }
+    } else {
+        let start: u64 = a.parse().map_err(|_| ())?;
+        let end = if b.is_empty() {
+            size
+        } else {
+            let last: u64 = b.parse().map_err(|_| ())?;
+            if last < start {
+                return Err(());
+            }
+            (last + 1).min(size)
+        };
+        BodyRange { start, end }
+    };
+    if range.start >= size {
+        return Err(());
+    }
+    Ok(Some(range))
+}
+
+pub async fn get(
+    State(s): State<AppState>,
+    auth: Auth,
+    LinkKey(key): LinkKey,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let (view, reader) = s
+        .engine
+        .open_body(&auth.caller, &id, key.as_deref())
+        .await?;
+    let (Some(mut reader), Some(meta)) = (reader, view.item.body.as_ref()) else {
+        return Err(ApiError::not_found("the item has no body"));
+    };
+    let etag = HeaderValue::from_str(&format!("\"{}\"", view.item.version)).expect("digits");
+    let range = match parse_range(&headers, meta.size) {
+        Ok(r) => r,
+        Err(()) => {
+            let mut e = ApiError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "invalid-input",
+                format!("the body has {} bytes", meta.size),
+            )
+            .into_response();
+            e.headers_mut().insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&format!("bytes */{}", meta.size)).expect("digits"),
+            );
+            return Ok(e);
+        }
+    };
+    let (status, length) = match range {
+        Some(r) => {
+            reader.seek(r);
+            (StatusCode::PARTIAL_CONTENT, r.end - r.start)
+        }
+        None => (StatusCode::OK, meta.size),
+    };
+    let stream = futures_util::stream::unfold(Some(reader), |reader| async move {
+        let mut reader = reader?;
+        match reader.next_chunk().await {
+            Ok(Some(bytes)) => Some((Ok(bytes), Some(reader))),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "body stream failed");
+                Some((Err(std::io::Error::other(e.to_string())), None))
+            }
+        }
+    });
+    let mut res = Response::new(Body::from_stream(stream));
+    *res.status_mut() = status;
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_str(&meta.content_type)
+            .unwrap_or(HeaderValue::from_static("application/octet-stream")),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    h.insert(header::ETAG, etag);
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Some(r) = range {
+        h.insert(
+            header::CONTENT_RANGE,
+            HeaderValue::from_str(&format!("bytes {}-{}/{}", r.start, r.end - 1, meta.size))
+                .expect("digits"),
+        );
+    }
+    Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(v: &str, size: u64) -> Result<Option<(u64, u64)>, ()> {
+        let mut h = HeaderMap::new();
+        h.insert(header::RANGE, HeaderValue::from_str(v).unwrap());
+        parse_range(&h, size).map(|r| r.map(|r| (r.start, r.end)))
+    }
+
+    #[test]
+    fn ranges() {
+        assert_eq!(range("bytes=0-0", 10), Ok(Some((0, 1))));
+        assert_eq!(range("bytes=2-", 10), Ok(Some((2, 10))));
+        assert_eq!(range("bytes=-3", 10), Ok(Some((7, 10))));
+        assert_eq!(range("bytes=-30", 10), Ok(Some((0, 10))));
+        assert_eq!(range("bytes=5-100", 10), Ok(Some((5, 10))));
+        assert_eq!(range("bytes=0-1,3-4", 10), Ok(None));
+        assert_eq!(range("items=0-1", 10), Ok(None));
+        assert_eq!(range("bytes=10-", 10), Err(()));
+        assert_eq!(range("bytes=5-2", 10), Err(()));
+        assert_eq!(range("bytes=x-2", 10), Err(()));
+        assert_eq!(range("bytes=-0", 10), Err(()));
+    }
+}

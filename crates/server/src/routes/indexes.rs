@@ -1,0 +1,71 @@
+//! Index declarations (administrators).
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tarn_engine::SortField;
+
+use crate::error::ApiResult;
+use crate::extract::{Auth, JsonBody};
+use crate::{render, AppState};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Declare {
+    kind: String,
+    #[serde(default, rename = "where")]
+    where_: Vec<String>,
+    #[serde(default)]
+    sort: Vec<SortField>,
+}
+
+pub async fn put(
+    State(s): State<AppState>,
+    auth: Auth,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody<Declare>,
+) -> ApiResult<impl IntoResponse> {
+    let (def, created) = s
+        .engine
+        .declare_index(&auth.caller, &name, &body.kind, body.where_, body.sort)
+        .await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(render::index(&def))))
+}
+
+pub async fn get(
+    State(s): State<AppState>,
+    auth: Auth,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
+    auth.caller.username().ok_or_else(unauthenticated)?;
+    Ok(Json(render::index(&s.engine.get_index(&name).await?)))
+}
+
+pub async fn list(State(s): State<AppState>, auth: Auth) -> ApiResult<Json<Value>> {
+    auth.caller.username().ok_or_else(unauthenticated)?;
+    let defs = s.engine.list_indexes().await?;
+    Ok(Json(
+        json!({"indexes": defs.iter().map(render::index).collect::<Vec<_>>()}),
+    ))
+}
+
+pub async fn delete(
+    State(s): State<AppState>,
+    auth: Auth,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    s.engine.drop_index(&auth.caller, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn unauthenticated() -> crate::error::ApiError {
+    crate::error::ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", "sign in first")
+}

@@ -1,0 +1,1072 @@
+//! Every endpoint of api.md, and every kind of error, in-process.
+
+use axum::body::Body;
+use axum::http::{Method, Request};
+use serde_json::{json, Value};
+use tarn_server::ServerConfig;
+
+use crate::support::TestApp;
+
+#[tokio::test]
+async fn health_and_metrics() {
+    let app = TestApp::new();
+    let r = app.get("/api/v1/health", None).await.expect(200);
+    assert_eq!(r.json(), json!({"status": "ok"}));
+    assert!(r.header("x-request-id").is_some());
+    app.get("/api/v1/nowhere", None).await.expect(404);
+    let m = app.get("/metrics", None).await.expect(200);
+    assert!(m.header("content-type").unwrap().starts_with("text/plain"));
+    let text = m.text();
+    assert!(
+        text.contains(
+            r#"tarn_http_requests_total{method="GET",route="/api/v1/health",status="200"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"route="unmatched",status="404"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains("tarn_http_request_duration_seconds_bucket"));
+    assert!(text.contains("tarn_store_operation_duration_seconds_count{op=\"get\"}"));
+    assert!(text.contains("tarn_engine_retries_total 0"));
+    assert!(
+        text.contains("tarn_http_requests_in_flight 1"),
+        "the metrics request itself"
+    );
+}
+
+#[tokio::test]
+async fn users_and_sessions() {
+    let app = TestApp::new();
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/users",
+            None,
+            Some(
+                json!({"username": "alice", "password": "alice-password", "properties": {"x": 1}}),
+            ),
+        )
+        .await
+        .expect(201);
+    let u = r.json();
+    assert_eq!(
+        (
+            u["username"].clone(),
+            u["admin"].clone(),
+            u["properties"].clone()
+        ),
+        (json!("alice"), json!(false), json!({"x": 1}))
+    );
+    assert!(u["createdAt"].as_str().unwrap().ends_with('Z'));
+    assert!(
+        !r.text().contains("argon2"),
+        "no password hash in responses"
+    );
+    let dup = app
+        .call(
+            Method::POST,
+            "/api/v1/users",
+            None,
+            Some(json!({"username": "alice", "password": "whatever1"})),
+        )
+        .await
+        .expect(409);
+    assert_eq!(dup.json()["type"], "conflict");
+    for body in [
+        json!({"username": "bob", "password": "short"}),
+        json!({"username": "Bob", "password": "long enough"}),
+        json!({"username": "bob"}),
+        json!({"username": "bob", "password": "long enough", "extra": 1}),
+    ] {
+        let r = app
+            .call(Method::POST, "/api/v1/users", None, Some(body.clone()))
+            .await
+            .expect(400);
+        assert_eq!(r.json()["type"], "invalid-input", "{body}");
+    }
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/users",
+            None,
+            Some(json!({"username": "bob", "password": "long enough", "admin": true})),
+        )
+        .await;
+    assert_eq!(r.status, 401, "only admins make admins");
+
+    let pub_user = app
+        .get("/api/v1/users/alice", None)
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(
+        pub_user,
+        json!({"username": "alice", "properties": {"x": 1}})
+    );
+    app.get("/api/v1/users/nobody", None).await.expect(404);
+
+    let wrong_pw = app
+        .call(
+            Method::POST,
+            "/api/v1/sessions",
+            None,
+            Some(json!({"username": "alice", "password": "nope-nope"})),
+        )
+        .await
+        .expect(401);
+    let wrong_user = app
+        .call(
+            Method::POST,
+            "/api/v1/sessions",
+            None,
+            Some(json!({"username": "nobody", "password": "nope-nope"})),
+        )
+        .await
+        .expect(401);
+    assert_eq!(
+        wrong_pw.json()["detail"],
+        wrong_user.json()["detail"],
+        "same answer for both"
+    );
+
+    let token = app.sign_in("alice", "alice-password").await;
+    let me = app.get("/api/v1/me", Some(&token)).await.expect(200).json();
+    assert_eq!(me["username"], "alice");
+    assert_eq!(me["groups"], json!([]));
+    assert_eq!(me["admin"], false);
+    app.get("/api/v1/me", None).await.expect(401);
+    app.get("/api/v1/me", Some("not-a-token")).await.expect(401);
+    let r = app
+        .call_with(
+            Method::GET,
+            "/api/v1/me",
+            None,
+            None,
+            &[("authorization", "Basic abc")],
+        )
+        .await
+        .expect(401);
+    assert_eq!(r.json()["type"], "unauthenticated");
+
+    app.call(
+        Method::DELETE,
+        "/api/v1/sessions/current",
+        Some(&token),
+        None,
+    )
+    .await
+    .expect(204);
+    app.get("/api/v1/me", Some(&token)).await.expect(401);
+    app.call(Method::DELETE, "/api/v1/sessions/current", None, None)
+        .await
+        .expect(401);
+}
+
+#[tokio::test]
+async fn closed_signup_leaves_user_creation_to_admins() {
+    let app = TestApp::with(ServerConfig {
+        signup_open: false,
+        ..ServerConfig::default()
+    });
+    let body = json!({"username": "carol", "password": "carol-password"});
+    app.call(Method::POST, "/api/v1/users", None, Some(body.clone()))
+        .await
+        .expect(401);
+    let admin = app.admin().await;
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/users",
+            Some(&admin),
+            Some(body.clone()),
+        )
+        .await
+        .expect(201);
+    assert_eq!(r.json()["username"], "carol");
+    let carol = app.sign_in("carol", "carol-password").await;
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/users",
+            Some(&carol),
+            Some(json!({"username": "dan", "password": "dan-password"})),
+        )
+        .await
+        .expect(403);
+    assert_eq!(r.json()["type"], "forbidden");
+}
+
+#[tokio::test]
+async fn failed_sign_ins_are_rate_limited() {
+    let app = TestApp::new();
+    app.user("alice").await;
+    for _ in 0..tarn_engine::USER_FAILURES {
+        app.call(
+            Method::POST,
+            "/api/v1/sessions",
+            None,
+            Some(json!({"username": "alice", "password": "wrong-password"})),
+        )
+        .await
+        .expect(401);
+    }
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/sessions",
+            None,
+            Some(json!({"username": "alice", "password": "alice-password"})),
+        )
+        .await
+        .expect(429);
+    assert_eq!(r.json()["type"], "rate-limited");
+    assert!(r.header("retry-after").is_some());
+    // Other usernames are not affected.
+    app.user("bob").await;
+}
+
+#[tokio::test]
+async fn groups_members_and_managers() {
+    let app = TestApp::new();
+    let alice = app.user("alice").await;
+    let bob = app.user("bob").await;
+    app.call(
+        Method::POST,
+        "/api/v1/groups",
+        None,
+        Some(json!({"id": "g"})),
+    )
+    .await
+    .expect(401);
+    let g = app
+        .call(
+            Method::POST,
+            "/api/v1/groups",
+            Some(&alice),
+            Some(json!({"id": "inner", "title": "Inner"})),
+        )
+        .await
+        .expect(201)
+        .json();
+    assert_eq!(g["managers"], json!(["user:alice"]));
+    app.call(
+        Method::POST,
+        "/api/v1/groups",
+        Some(&alice),
+        Some(json!({"id": "inner"})),
+    )
+    .await
+    .expect(409);
+    app.call(
+        Method::POST,
+        "/api/v1/groups",
+        Some(&alice),
+        Some(json!({"id": "Bad Id"})),
+    )
+    .await
+    .expect(400);
+    app.call(
+        Method::POST,
+        "/api/v1/groups",
+        Some(&alice),
+        Some(json!({"id": "outer"})),
+    )
+    .await
+    .expect(201);
+    let got = app
+        .get("/api/v1/groups/inner", Some(&bob))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(
+        (got["id"].clone(), got["title"].clone()),
+        (json!("inner"), json!("Inner"))
+    );
+    app.get("/api/v1/groups/none", Some(&bob)).await.expect(404);
+
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/inner/members/user:bob",
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(204);
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/outer/members/group:inner",
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(204);
+    let cycle = app
+        .call(
+            Method::PUT,
+            "/api/v1/groups/inner/members/group:outer",
+            Some(&alice),
+            None,
+        )
+        .await
+        .expect(409);
+    assert_eq!(cycle.json()["type"], "conflict");
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/inner/members/user:ghost",
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(404);
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/inner/members/nonsense",
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(400);
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/inner/members/user:alice",
+        Some(&bob),
+        None,
+    )
+    .await
+    .expect(403);
+    let me = app.get("/api/v1/me", Some(&bob)).await.expect(200).json();
+    assert_eq!(me["groups"], json!(["inner", "outer"]));
+
+    let page = app
+        .get("/api/v1/groups/outer/members?limit=10", Some(&bob))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(page, json!({"members": ["group:inner"], "next": null}));
+    app.get("/api/v1/groups/outer/members?limit=0", Some(&bob))
+        .await
+        .expect(400);
+    app.get("/api/v1/groups/outer/members?bogus=1", Some(&bob))
+        .await
+        .expect(400);
+
+    app.call(
+        Method::DELETE,
+        "/api/v1/groups/inner/members/user:bob",
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(204);
+    let me = app.get("/api/v1/me", Some(&bob)).await.expect(200).json();
+    assert_eq!(me["groups"], json!([]), "removal holds at once");
+
+    app.call(
+        Method::DELETE,
+        "/api/v1/groups/inner/managers/user:alice",
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(409);
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/inner/managers/user:bob",
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(204);
+    app.call(
+        Method::DELETE,
+        "/api/v1/groups/inner/managers/user:alice",
+        Some(&bob),
+        None,
+    )
+    .await
+    .expect(204);
+    let got = app
+        .get("/api/v1/groups/inner", Some(&bob))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(got["managers"], json!(["user:bob"]));
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/inner/managers/user:alice",
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(403);
+}
+
+#[tokio::test]
+async fn items_crud_with_etags() {
+    let app = TestApp::new();
+    let alice = app.user("alice").await;
+    app.call(
+        Method::POST,
+        "/api/v1/items",
+        None,
+        Some(json!({"kind": "doc"})),
+    )
+    .await
+    .expect(401);
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/items",
+            Some(&alice),
+            Some(json!({"kind": "doc", "properties": {"a": {"b": 1, "c": 2}}})),
+        )
+        .await
+        .expect(201);
+    let item = r.json();
+    let id = item["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        r.header("location"),
+        Some(format!("/api/v1/items/{id}").as_str())
+    );
+    assert_eq!(r.header("etag"), Some("\"1\""));
+    assert_eq!(item["role"], "manager");
+    assert_eq!(
+        item["acl"],
+        json!([{"principal": "user:alice", "role": "manager"}])
+    );
+    assert_eq!(item["body"], Value::Null);
+    let path = format!("/api/v1/items/{id}");
+    let got = app.get(&path, Some(&alice)).await.expect(200);
+    assert_eq!(got.header("etag"), Some("\"1\""));
+
+    let patch = |if_match: &'static str, props: Value| {
+        let app = &app;
+        let path = path.clone();
+        let alice = alice.clone();
+        async move {
+            app.call_with(
+                Method::PATCH,
+                &path,
+                Some(&alice),
+                Some(json!({"properties": props})),
+                &[("if-match", if_match)],
+            )
+            .await
+        }
+    };
+    let r = patch("\"1\"", json!({"a": {"c": null, "d": 3}, "e": true}))
+        .await
+        .expect(200);
+    assert_eq!(
+        r.json()["properties"],
+        json!({"a": {"b": 1, "d": 3}, "e": true})
+    );
+    assert_eq!(r.header("etag"), Some("\"2\""));
+    let stale = patch("\"1\"", json!({"x": 1})).await.expect(412);
+    assert_eq!(stale.json()["type"], "version-mismatch");
+    patch("nonsense", json!({"x": 1})).await.expect(400);
+    patch("*", json!({"x": 1})).await.expect(200);
+    let r = app
+        .call(
+            Method::PATCH,
+            &path,
+            Some(&alice),
+            Some(json!({"properties": [1]})),
+        )
+        .await
+        .expect(400);
+    assert_eq!(r.json()["type"], "invalid-input");
+
+    app.call_with(
+        Method::DELETE,
+        &path,
+        Some(&alice),
+        None,
+        &[("if-match", "\"1\"")],
+    )
+    .await
+    .expect(412);
+    app.call(Method::DELETE, &path, Some(&alice), None)
+        .await
+        .expect(204);
+    app.get(&path, Some(&alice)).await.expect(404);
+    app.call(Method::DELETE, &path, Some(&alice), None)
+        .await
+        .expect(404);
+}
+
+#[tokio::test]
+async fn acl_and_links() {
+    let app = TestApp::new();
+    let alice = app.user("alice").await;
+    let bob = app.user("bob").await;
+    let item = app
+        .item(&alice, "doc", json!({"secret": "s3"}), json!([]))
+        .await;
+    let id = item["id"].as_str().unwrap();
+    let other = app.item(&alice, "doc", json!({}), json!([])).await;
+    let other_id = other["id"].as_str().unwrap();
+    let acl_path = format!("/api/v1/items/{id}/acl");
+    app.get(&format!("/api/v1/items/{id}"), Some(&bob))
+        .await
+        .expect(404);
+    let r = app
+        .call(
+            Method::PUT,
+            &acl_path,
+            Some(&alice),
+            Some(json!({"acl": [{"principal": "user:bob", "role": "viewer"}]})),
+        )
+        .await
+        .expect(400);
+    assert!(r.json()["detail"].as_str().unwrap().contains("manager"));
+    app.call(
+        Method::PUT,
+        &acl_path,
+        Some(&alice),
+        Some(json!({"acl": [{"principal": "user:ghost", "role": "manager"}]})),
+    )
+    .await
+    .expect(400);
+    app.call(
+        Method::PUT,
+        &acl_path,
+        Some(&alice),
+        Some(json!({"acl": [{"principal": "user:alice", "role": "owner"}]})),
+    )
+    .await
+    .expect(400);
+    let r = app
+        .call(Method::PUT, &acl_path, Some(&alice), Some(json!({"acl": [{"principal": "user:alice", "role": "manager"}, {"principal": "user:bob", "role": "viewer"}]})))
+        .await
+        .expect(200);
+    assert_eq!(r.header("etag"), Some("\"2\""));
+    let seen = app
+        .get(&format!("/api/v1/items/{id}"), Some(&bob))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(seen["role"], "viewer");
+    assert!(seen.get("acl").is_none(), "viewers do not see the ACL");
+    app.call(
+        Method::PUT,
+        &acl_path,
+        Some(&bob),
+        Some(json!({"acl": [{"principal": "user:bob", "role": "manager"}]})),
+    )
+    .await
+    .expect(403);
+
+    let links = format!("/api/v1/items/{id}/links");
+    app.call(
+        Method::POST,
+        &links,
+        Some(&alice),
+        Some(json!({"role": "manager"})),
+    )
+    .await
+    .expect(400);
+    app.call(
+        Method::POST,
+        &links,
+        Some(&bob),
+        Some(json!({"role": "viewer"})),
+    )
+    .await
+    .expect(403);
+    let link = app
+        .call(
+            Method::POST,
+            &links,
+            Some(&alice),
+            Some(json!({"role": "viewer"})),
+        )
+        .await
+        .expect(201)
+        .json();
+    assert_eq!(link["role"], "viewer");
+    let key = link["key"].as_str().unwrap();
+    let by_query = app
+        .get(&format!("/api/v1/items/{id}?key={key}"), None)
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(by_query["properties"]["secret"], "s3");
+    let r = app
+        .call_with(
+            Method::GET,
+            &format!("/api/v1/items/{id}"),
+            None,
+            None,
+            &[("tarn-link-key", key)],
+        )
+        .await
+        .expect(200);
+    assert_eq!(r.json()["role"], "viewer");
+    app.get(&format!("/api/v1/items/{other_id}?key={key}"), None)
+        .await
+        .expect(404);
+    app.call(
+        Method::PATCH,
+        &format!("/api/v1/items/{id}?key={key}"),
+        None,
+        Some(json!({"properties": {"x": 1}})),
+    )
+    .await
+    .expect(403);
+    app.call(
+        Method::DELETE,
+        &format!("{links}/{key}"),
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(204);
+    app.get(&format!("/api/v1/items/{id}?key={key}"), None)
+        .await
+        .expect(404);
+    app.call(
+        Method::DELETE,
+        &format!("{links}/{key}"),
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(404);
+}
+
+#[tokio::test]
+async fn bodies_with_ranges() {
+    let app = TestApp::new();
+    let alice = app.user("alice").await;
+    let item = app
+        .item(
+            &alice,
+            "file",
+            json!({}),
+            json!([{"principal": "everyone", "role": "viewer"}]),
+        )
+        .await;
+    let id = item["id"].as_str().unwrap();
+    let body_path = format!("/api/v1/items/{id}/body");
+    app.get(&body_path, None).await.expect(404);
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    let req = Request::builder()
+        .method(Method::PUT)
+        .uri(&body_path)
+        .header("authorization", format!("Bearer {alice}"))
+        .body(Body::from(data.clone()))
+        .unwrap();
+    app.raw(req).await.expect(400);
+    let r = app
+        .put_body(None, &body_path, data.clone(), "application/pdf")
+        .await
+        .expect(403);
+    assert_eq!(r.json()["type"], "forbidden");
+    let r = app
+        .put_body(Some(&alice), &body_path, data.clone(), "application/pdf")
+        .await
+        .expect(200);
+    let meta = r.json()["body"].clone();
+    assert_eq!(meta["size"], 300_000);
+    assert_eq!(meta["contentType"], "application/pdf");
+    assert_eq!(meta["sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(r.header("etag"), Some("\"2\""));
+
+    let full = app.get(&body_path, None).await.expect(200);
+    assert_eq!(full.bytes, data);
+    assert_eq!(full.header("content-type"), Some("application/pdf"));
+    assert_eq!(full.header("content-length"), Some("300000"));
+    assert_eq!(full.header("etag"), Some("\"2\""));
+    assert_eq!(full.header("accept-ranges"), Some("bytes"));
+    let part = app
+        .call_with(
+            Method::GET,
+            &body_path,
+            None,
+            None,
+            &[("range", "bytes=262140-262150")],
+        )
+        .await
+        .expect(206);
+    assert_eq!(part.bytes, &data[262_140..=262_150]);
+    assert_eq!(
+        part.header("content-range"),
+        Some("bytes 262140-262150/300000")
+    );
+    let tail = app
+        .call_with(
+            Method::GET,
+            &body_path,
+            None,
+            None,
+            &[("range", "bytes=-10")],
+        )
+        .await
+        .expect(206);
+    assert_eq!(tail.bytes, &data[299_990..]);
+    let r = app
+        .call_with(
+            Method::GET,
+            &body_path,
+            None,
+            None,
+            &[("range", "bytes=300000-")],
+        )
+        .await
+        .expect(416);
+    assert_eq!(r.header("content-range"), Some("bytes */300000"));
+    let r = app
+        .put_body(Some(&alice), &body_path, b"v2".to_vec(), "text/plain")
+        .await
+        .expect(200);
+    assert_eq!(r.json()["version"], 3);
+    assert_eq!(app.get(&body_path, None).await.expect(200).bytes, b"v2");
+}
+
+#[tokio::test]
+async fn listings_indexes_and_cursors() {
+    let app = TestApp::new();
+    let alice = app.user("alice").await;
+    let bob = app.user("bob").await;
+    let admin = app.admin().await;
+    let everyone = json!([{"principal": "everyone", "role": "viewer"}]);
+    let mut ids = Vec::new();
+    for (i, last) in ["Smith", "Adams", "Jones", "Brown", "Adams"]
+        .iter()
+        .enumerate()
+    {
+        let acl = if i == 4 { json!([]) } else { everyone.clone() };
+        let it = app
+            .item(&alice, "user-home", json!({"public": {"profile": {"lastName": last}}, "team": if i % 2 == 0 {"red"} else {"blue"}}), acl)
+            .await;
+        ids.push(it["id"].as_str().unwrap().to_string());
+    }
+    app.item(&bob, "other", json!({}), everyone.clone()).await;
+    let list = |q: String, token: Option<String>| {
+        let app = &app;
+        async move {
+            app.get(&format!("/api/v1/items?{q}"), token.as_deref())
+                .await
+        }
+    };
+    let names = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Default order: newest first; anonymous callers see what everyone may.
+    let r = list("kind=user-home".into(), None).await.expect(200).json();
+    assert_eq!(
+        names(&r),
+        vec![
+            ids[3].clone(),
+            ids[2].clone(),
+            ids[1].clone(),
+            ids[0].clone()
+        ]
+    );
+    let r = list("kind=user-home".into(), Some(alice.clone()))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(names(&r).len(), 5);
+    // Pages through a cursor.
+    let p1 = list("kind=user-home&limit=2&sort=modifiedAt".into(), None)
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(names(&p1), vec![ids[0].clone(), ids[1].clone()]);
+    let cursor = p1["next"].as_str().unwrap();
+    let p2 = list(
+        format!("kind=user-home&limit=2&sort=modifiedAt&cursor={cursor}"),
+        None,
+    )
+    .await
+    .expect(200)
+    .json();
+    assert_eq!(names(&p2), vec![ids[2].clone(), ids[3].clone()]);
+    assert_eq!(p2["next"], Value::Null);
+    // A cursor from another listing is refused.
+    list(format!("kind=user-home&limit=2&cursor={cursor}"), None)
+        .await
+        .expect(400);
+    // No index for the sort: names the index to declare.
+    let r = list("kind=user-home&sort=public.profile.lastName".into(), None)
+        .await
+        .expect(400);
+    assert_eq!(r.json()["type"], "no-index");
+    assert!(r.json()["detail"]
+        .as_str()
+        .unwrap()
+        .contains("public.profile.lastName"));
+    // Declare it (admins), wait for it, use it both ways.
+    let decl = json!({"kind": "user-home", "sort": [{"field": "public.profile.lastName", "order": "asc"}]});
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/homes-by-name",
+        Some(&alice),
+        Some(decl.clone()),
+    )
+    .await
+    .expect(403);
+    let r = app
+        .call(
+            Method::PUT,
+            "/api/v1/indexes/homes-by-name",
+            Some(&admin),
+            Some(decl.clone()),
+        )
+        .await
+        .expect(201);
+    assert_eq!(r.json()["state"], "building");
+    app.wait_index(&admin, "homes-by-name").await;
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/homes-by-name",
+        Some(&admin),
+        Some(decl.clone()),
+    )
+    .await
+    .expect(200);
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/homes-by-name",
+        Some(&admin),
+        Some(json!({"kind": "user-home"})),
+    )
+    .await
+    .expect(409);
+    let r = list("kind=user-home&sort=public.profile.lastName".into(), None)
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(
+        names(&r),
+        vec![
+            ids[1].clone(),
+            ids[3].clone(),
+            ids[2].clone(),
+            ids[0].clone()
+        ]
+    );
+    let r = list("kind=user-home&sort=-public.profile.lastName".into(), None)
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(
+        names(&r),
+        vec![
+            ids[0].clone(),
+            ids[2].clone(),
+            ids[3].clone(),
+            ids[1].clone()
+        ]
+    );
+    // Where-fields need an index with them.
+    list("kind=user-home&where.team=red".into(), None)
+        .await
+        .expect(400);
+    let decl = json!({"kind": "user-home", "where": ["team"], "sort": [{"field": "modifiedAt", "order": "desc"}]});
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/homes-by-team",
+        Some(&admin),
+        Some(decl),
+    )
+    .await
+    .expect(201);
+    app.wait_index(&admin, "homes-by-team").await;
+    let r = list("kind=user-home&where.team=red".into(), Some(alice.clone()))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(
+        names(&r),
+        vec![ids[4].clone(), ids[2].clone(), ids[0].clone()]
+    );
+    let r = list("kind=user-home&where.team=%22red%22".into(), None)
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(
+        names(&r),
+        vec![ids[2].clone(), ids[0].clone()],
+        "JSON values parse"
+    );
+    // Mine.
+    let r = list("scope=mine".into(), Some(bob.clone()))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(names(&r).len(), 1);
+    let r = list("scope=mine&kind=user-home".into(), Some(alice.clone()))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(names(&r).len(), 5);
+    list("scope=mine".into(), None).await.expect(401);
+    // Bad parameters.
+    for q in [
+        "",
+        "kind=doc&limit=0",
+        "kind=doc&limit=1001",
+        "kind=doc&limit=x",
+        "kind=doc&scope=all",
+        "kind=doc&bogus=1",
+        "kind=doc&cursor=%21%21",
+        "kind=doc&sort=",
+    ] {
+        let r = list(q.into(), None).await.expect(400);
+        assert_eq!(r.json()["type"], "invalid-input", "{q}");
+    }
+    // Index administration.
+    let all = app
+        .get("/api/v1/indexes", Some(&alice))
+        .await
+        .expect(200)
+        .json();
+    assert!(all["indexes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|i| i["name"] == "homes-by-name"));
+    app.get("/api/v1/indexes", None).await.expect(401);
+    app.get("/api/v1/indexes/none", Some(&alice))
+        .await
+        .expect(404);
+    app.call(
+        Method::DELETE,
+        "/api/v1/indexes/homes-by-name",
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(403);
+    app.call(
+        Method::DELETE,
+        "/api/v1/indexes/homes-by-name",
+        Some(&admin),
+        None,
+    )
+    .await
+    .expect(204);
+    app.call(Method::DELETE, "/api/v1/indexes/none", Some(&admin), None)
+        .await
+        .expect(404);
+}
+
+#[tokio::test]
+async fn index_building_answers_503() {
+    let store = std::sync::Arc::new(tarn_store::memory::MemoryStore::new());
+    let state = tarn_server::AppState::new(
+        store,
+        tarn_engine::EngineConfig {
+            write_lease: std::time::Duration::from_secs(3600),
+            ..crate::support::engine_config()
+        },
+        ServerConfig::default(),
+    );
+    let app = TestApp {
+        router: tarn_server::app(state.clone()),
+        state,
+    };
+    let admin = app.admin().await;
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/slow",
+        Some(&admin),
+        Some(json!({"kind": "doc", "sort": [{"field": "t", "order": "asc"}]})),
+    )
+    .await
+    .expect(201);
+    let r = app
+        .get("/api/v1/items?kind=doc&sort=t", None)
+        .await
+        .expect(503);
+    assert_eq!(r.json()["type"], "index-building");
+    assert!(r.header("retry-after").is_some());
+}
+
+#[tokio::test]
+async fn malformed_requests_are_problems() {
+    let app = TestApp::with(ServerConfig {
+        max_json: 4096,
+        ..ServerConfig::default()
+    });
+    let alice = app.user("alice").await;
+    app.get("/nowhere", None).await.expect(404);
+    let r = app
+        .call(Method::POST, "/api/v1/health", None, None)
+        .await
+        .expect(405);
+    assert_eq!(r.json()["type"], "method-not-allowed");
+    let raw = |body: &'static str, ct: &'static str| {
+        Request::builder()
+            .method(Method::POST)
+            .uri("/api/v1/items")
+            .header("authorization", format!("Bearer {alice}"))
+            .header("content-type", ct)
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let r = app
+        .raw(raw("{not json", "application/json"))
+        .await
+        .expect(400);
+    assert!(r.json()["detail"]
+        .as_str()
+        .unwrap()
+        .contains("malformed JSON"));
+    app.raw(raw("{\"kind\":\"doc\"}", "text/plain"))
+        .await
+        .expect(415);
+    app.raw(raw("{\"kind\":\"doc\"}", "application/json; charset=utf-8"))
+        .await
+        .expect(201);
+    let big = format!(
+        "{{\"kind\":\"doc\",\"properties\":{{\"x\":\"{}\"}}}}",
+        "y".repeat(5000)
+    );
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/api/v1/items")
+        .header("authorization", format!("Bearer {alice}"))
+        .header("content-type", "application/json")
+        .body(Body::from(big))
+        .unwrap();
+    let r = app.raw(req).await.expect(413);
+    assert_eq!(r.json()["type"], "too-large");
+    // A body with no length announced, streamed past the limit.
+    let chunks =
+        futures_util::stream::iter((0..100).map(|_| Ok::<_, std::io::Error>(vec![b' '; 100])));
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/api/v1/items")
+        .header("authorization", format!("Bearer {alice}"))
+        .header("content-type", "application/json")
+        .body(Body::from_stream(chunks))
+        .unwrap();
+    app.raw(req).await.expect(413);
+}
+
+#[tokio::test]
+async fn properties_over_the_limit_are_refused() {
+    let app = TestApp::new();
+    let alice = app.user("alice").await;
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/items",
+            Some(&alice),
+            Some(json!({"kind": "doc", "properties": {"x": "y".repeat(70_000)}})),
+        )
+        .await
+        .expect(413);
+    assert_eq!(r.json()["type"], "too-large");
+}

@@ -1,0 +1,7 @@
+//! The HTTP API in-process (`oneshot`): every endpoint, every error, the
+//! access-control table, and the OpenAPI document against the router.
+
+mod access;
+mod endpoints;
+mod openapi;
+mod support;

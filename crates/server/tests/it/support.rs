@@ -1,0 +1,212 @@
+//! A test client over the router, in-process.
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tarn_engine::{Clock, EngineConfig, PasswordCost};
+use tarn_server::{AppState, ServerConfig};
+use tower::ServiceExt;
+
+pub struct TestApp {
+    pub router: Router,
+    pub state: AppState,
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub bytes: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.bytes).unwrap_or(Value::Null)
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    /// Asserts the status, and that errors are problem JSON with a slug.
+    pub fn expect(self, status: u16) -> Reply {
+        assert_eq!(self.status.as_u16(), status, "body: {}", self.text());
+        if status >= 400 {
+            self.assert_problem();
+        }
+        self
+    }
+    pub fn assert_problem(&self) {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "{}",
+            self.text()
+        );
+        let p = self.json();
+        assert!(
+            p["type"].is_string() && p["title"].is_string() && p["detail"].is_string(),
+            "{p}"
+        );
+        assert_eq!(p["status"], self.status.as_u16());
+    }
+}
+
+pub fn engine_config() -> EngineConfig {
+    EngineConfig {
+        password_cost: PasswordCost::for_tests(),
+        write_lease: Duration::from_millis(10),
+        clock: Clock::Stepping(Arc::new(AtomicI64::new(1_700_000_000_000_000))),
+        ..EngineConfig::default()
+    }
+}
+
+impl TestApp {
+    pub fn new() -> TestApp {
+        TestApp::with(ServerConfig::default())
+    }
+
+    pub fn with(config: ServerConfig) -> TestApp {
+        let store = Arc::new(tarn_store::memory::MemoryStore::new());
+        let state = AppState::new(store, engine_config(), config);
+        TestApp {
+            router: tarn_server::app(state.clone()),
+            state,
+        }
+    }
+
+    pub async fn raw(&self, req: Request<Body>) -> Reply {
+        let res = self.router.clone().oneshot(req).await.unwrap();
+        let status = res.status();
+        let headers = res.headers().clone();
+        let bytes = res.into_body().collect().await.unwrap().to_bytes().to_vec();
+        Reply {
+            status,
+            headers,
+            bytes,
+        }
+    }
+
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Reply {
+        self.call_with(method, path, token, body, &[]).await
+    }
+
+    pub async fn call_with(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let mut req = Request::builder().method(method).uri(path);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = match body {
+            Some(b) => req
+                .header("content-type", "application/json")
+                .body(Body::from(b.to_string())),
+            None => req.body(Body::empty()),
+        };
+        self.raw(req.unwrap()).await
+    }
+
+    pub async fn get(&self, path: &str, token: Option<&str>) -> Reply {
+        self.call(Method::GET, path, token, None).await
+    }
+
+    /// Signs up and in; returns the token.
+    pub async fn user(&self, name: &str) -> String {
+        let password = format!("{name}-password");
+        self.call(
+            Method::POST,
+            "/api/v1/users",
+            None,
+            Some(json!({"username": name, "password": password})),
+        )
+        .await
+        .expect(201);
+        self.sign_in(name, &password).await
+    }
+
+    pub async fn sign_in(&self, name: &str, password: &str) -> String {
+        let r = self
+            .call(
+                Method::POST,
+                "/api/v1/sessions",
+                None,
+                Some(json!({"username": name, "password": password})),
+            )
+            .await
+            .expect(201);
+        r.json()["token"].as_str().unwrap().to_string()
+    }
+
+    pub async fn admin(&self) -> String {
+        self.state
+            .engine
+            .ensure_admin("admin-password")
+            .await
+            .unwrap();
+        self.sign_in("admin", "admin-password").await
+    }
+
+    pub async fn item(&self, token: &str, kind: &str, props: Value, acl: Value) -> Value {
+        self.call(
+            Method::POST,
+            "/api/v1/items",
+            Some(token),
+            Some(json!({"kind": kind, "properties": props, "acl": acl})),
+        )
+        .await
+        .expect(201)
+        .json()
+    }
+
+    pub async fn put_body(
+        &self,
+        token: Option<&str>,
+        path: &str,
+        bytes: Vec<u8>,
+        content_type: &str,
+    ) -> Reply {
+        let mut req = Request::builder()
+            .method(Method::PUT)
+            .uri(path)
+            .header("content-type", content_type);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        self.raw(req.body(Body::from(bytes)).unwrap()).await
+    }
+
+    pub async fn wait_index(&self, token: &str, name: &str) {
+        for _ in 0..300 {
+            let r = self
+                .get(&format!("/api/v1/indexes/{name}"), Some(token))
+                .await
+                .expect(200);
+            if r.json()["state"] == "ready" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("index {name} never became ready");
+    }
+}

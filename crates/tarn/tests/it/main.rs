@@ -1,0 +1,5 @@
+//! The real `tarn` binary over TCP: start, serve, stop gracefully with a
+//! request in flight, restart on the same data, refuse a second process.
+
+mod http;
+mod process;

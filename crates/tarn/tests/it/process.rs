@@ -1,0 +1,313 @@
+//! Runs `target/.../tarn` as a separate process.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::http::{call, connect, head, read_response};
+
+const TARN: &str = env!("CARGO_BIN_EXE_tarn");
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+fn start(data: &Path) -> Server {
+    let mut child = Command::new(TARN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .env("TARN_ADMIN_PASSWORD", "admin-password")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("tarn listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .unwrap();
+    Server { child, addr }
+}
+
+fn terminate(child: &Child) {
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "server did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn sign_in(addr: SocketAddr, user: &str, password: &str) -> String {
+    let r = call(
+        addr,
+        "POST",
+        "/api/v1/sessions",
+        None,
+        Some(json!({"username": user, "password": password})),
+    );
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    r.json()["token"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn serve_stop_gracefully_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = start(dir.path());
+    let a = s.addr;
+    assert_eq!(
+        call(a, "GET", "/api/v1/health", None, None).json(),
+        json!({"status": "ok"})
+    );
+
+    // A first session: sign up, sign in, create, share, list.
+    for u in ["alice", "bob"] {
+        let r = call(
+            a,
+            "POST",
+            "/api/v1/users",
+            None,
+            Some(json!({"username": u, "password": format!("{u}-password")})),
+        );
+        assert_eq!(r.status, 201);
+    }
+    let alice = sign_in(a, "alice", "alice-password");
+    let bob = sign_in(a, "bob", "bob-password");
+    let r = call(
+        a,
+        "POST",
+        "/api/v1/items",
+        Some(&alice),
+        Some(json!({"kind": "doc", "properties": {"title": "plan"}})),
+    );
+    assert_eq!(r.status, 201);
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let r = call(
+        a,
+        "PUT",
+        &format!("/api/v1/items/{id}/acl"),
+        Some(&alice),
+        Some(
+            json!({"acl": [{"principal": "user:alice", "role": "manager"}, {"principal": "user:bob", "role": "viewer"}]}),
+        ),
+    );
+    assert_eq!(r.status, 200);
+    let r = call(a, "GET", "/api/v1/items?kind=doc", Some(&bob), None);
+    assert_eq!(r.json()["items"][0]["id"], id.as_str());
+    // A second process on the same directory is refused, clearly.
+    let second = Command::new(TARN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("in use by another process"), "{err}");
+
+    // SIGTERM while an upload is half sent: it still completes.
+    let body = vec![7u8; 1 << 20];
+    let mut conn = connect(a);
+    conn.write_all(
+        head(
+            "PUT",
+            &format!("/api/v1/items/{id}/body"),
+            Some(&alice),
+            Some("application/octet-stream"),
+            body.len(),
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    conn.write_all(&body[..body.len() / 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    terminate(&s.child);
+    std::thread::sleep(Duration::from_millis(300));
+    conn.write_all(&body[body.len() / 2..]).unwrap();
+    let r = read_response(conn);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["body"]["size"], 1 << 20);
+    let status = wait_exit(&mut s.child);
+    assert!(status.success(), "exit status {status:?}");
+
+    // Restart on the same data: everything is still there.
+    let mut s = start(dir.path());
+    let a = s.addr;
+    // Sessions are stored: bob's token from before the restart still works.
+    let r = call(a, "GET", &format!("/api/v1/items/{id}"), Some(&bob), None);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["properties"]["title"], "plan");
+    let r = call(
+        a,
+        "GET",
+        &format!("/api/v1/items/{id}/body"),
+        Some(&bob),
+        None,
+    );
+    assert_eq!(r.body, body);
+    assert!(r
+        .headers
+        .iter()
+        .any(|(k, v)| k == "content-type" && v == "application/octet-stream"));
+    let admin = sign_in(a, "admin", "admin-password");
+    assert_eq!(
+        call(a, "GET", "/api/v1/me", Some(&admin), None).json()["admin"],
+        true
+    );
+    terminate(&s.child);
+    assert!(wait_exit(&mut s.child).success());
+}
+
+#[test]
+fn admin_commands_work_on_a_stopped_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(TARN)
+            .args(["admin", "--data"])
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert!(run(&[
+        "create-user",
+        "--username",
+        "carol",
+        "--password",
+        "carol-password",
+        "--admin"
+    ])
+    .contains("created user carol"));
+    run(&[
+        "reset-password",
+        "--username",
+        "carol",
+        "--password",
+        "another-password",
+    ]);
+    assert!(run(&[
+        "declare-index",
+        "docs-by-title",
+        "--kind",
+        "doc",
+        "--sort",
+        "-title"
+    ])
+    .contains("ready"));
+    let mut s = start(dir.path());
+    let carol = sign_in(s.addr, "carol", "another-password");
+    let me = call(s.addr, "GET", "/api/v1/me", Some(&carol), None).json();
+    assert_eq!(me["admin"], true);
+    let r = call(
+        s.addr,
+        "GET",
+        "/api/v1/items?kind=doc&sort=-title",
+        Some(&carol),
+        None,
+    );
+    assert_eq!(r.status, 200, "the declared index serves");
+    terminate(&s.child);
+    assert!(wait_exit(&mut s.child).success());
+}
+
+#[test]
+fn help_explains_every_setting() {
+    let out = Command::new(TARN).arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("serve") && text.contains("admin"), "{text}");
+    let out = Command::new(TARN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--listen",
+        "--data",
+        "--store",
+        "--signup",
+        "--config",
+        "TARN_LISTEN",
+        "TARN_DATA",
+        "TARN_STORE",
+    ] {
+        assert!(text.contains(flag), "serve --help lacks {flag}: {text}");
+    }
+}
+
+#[test]
+fn config_file_sets_what_flags_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tarn.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nsignup = \"closed\"\ndata = {:?}\n",
+            dir.path().join("data")
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(TARN)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr: SocketAddr = line
+        .trim()
+        .trim_start_matches("tarn listening on http://")
+        .parse()
+        .unwrap();
+    let r = call(
+        addr,
+        "POST",
+        "/api/v1/users",
+        None,
+        Some(json!({"username": "x", "password": "long enough"})),
+    );
+    assert_eq!(r.status, 401, "sign-up is closed by the file");
+    assert!(dir.path().join("data").join("LOCK").exists());
+    terminate(&child);
+    assert!(wait_exit(&mut child).success());
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "listen = 5\n").unwrap();
+    let out = Command::new(TARN)
+        .args(["serve", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
