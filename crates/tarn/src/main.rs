@@ -32,6 +32,43 @@ enum Command {
     Serve(ServeArgs),
     /// Administer a stopped data directory.
     Admin(AdminArgs),
+    /// Run a load-kit workload and keep everything it measured.
+    Bench(BenchArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum BenchWorkload {
+    /// Sorting on a property deep inside each item, over growing pools.
+    UserHome,
+    /// A project-hosting site's daily mix: 80% reads, 20% writes.
+    Kenai,
+    /// Twelve uploaders beside readers: writers must not stall readers.
+    UploadStorm,
+    /// Thirty people start at the same instant on fifty shared items.
+    Custard,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// The workload.
+    workload: BenchWorkload,
+    /// A running server (one node or a load balancer); without it the kit
+    /// starts `tarn serve` itself on a temp directory and a free port.
+    #[arg(long)]
+    url: Option<String>,
+    /// The admin password of the server at --url (the kit declares indexes).
+    #[arg(long, env = "TARN_ADMIN_PASSWORD")]
+    admin_password: Option<String>,
+    /// Where to write results.json, report.html and the plots
+    /// [default: bench-results/<workload>-<timestamp>].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Small sizes and short steps (seconds per workload), as CI runs them.
+    #[arg(long)]
+    quick: bool,
+    /// Seconds measured per step (overrides the workload's own).
+    #[arg(long)]
+    step_seconds: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -146,6 +183,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => rt.block_on(serve(args)),
         Command::Admin(args) => rt.block_on(admin(args)),
+        Command::Bench(args) => rt.block_on(bench(args)),
     }
 }
 
@@ -332,5 +370,26 @@ async fn admin(args: AdminArgs) -> anyhow::Result<()> {
             println!("index {name} is ready");
         }
     }
+    Ok(())
+}
+
+async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let workload = match args.workload {
+        BenchWorkload::UserHome => tarn_bench::Workload::UserHome,
+        BenchWorkload::Kenai => tarn_bench::Workload::Kenai,
+        BenchWorkload::UploadStorm => tarn_bench::Workload::UploadStorm,
+        BenchWorkload::Custard => tarn_bench::Workload::Custard,
+    };
+    let (results, out) = tarn_bench::run(tarn_bench::Options {
+        workload,
+        url: args.url,
+        admin_password: args.admin_password,
+        out: args.out,
+        quick: args.quick,
+        server_exe: std::env::current_exe()?,
+        step_seconds: args.step_seconds,
+    })
+    .await?;
+    println!("{}", tarn_bench::report::summary(&results, &out));
     Ok(())
 }

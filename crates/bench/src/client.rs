@@ -1,0 +1,149 @@
+//! The kit's HTTP client: hyper over a pool of keep-alive connections, so a
+//! virtual user keeps reusing one connection.
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+/// One answer.
+pub struct Reply {
+    /// HTTP status.
+    pub status: u16,
+    /// The body.
+    pub body: Bytes,
+    /// The `ETag` header, if any.
+    pub etag: Option<String>,
+}
+
+impl Reply {
+    /// The body as JSON (`Null` if it is not).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// A string field of the JSON body.
+    pub fn str(&self, field: &str) -> Option<String> {
+        self.json()[field].as_str().map(str::to_string)
+    }
+}
+
+/// A client of one Tarn server (or load balancer).
+#[derive(Clone)]
+pub struct Http {
+    client: Client<HttpConnector, Full<Bytes>>,
+    base: String,
+}
+
+impl Http {
+    /// A client of `base` (`http://host:port`).
+    pub fn new(base: &str) -> Http {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(usize::MAX)
+            .build(connector);
+        Http {
+            client,
+            base: base.trim_end_matches('/').to_string(),
+        }
+    }
+
+    /// The server's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Sends one request.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        content_type: Option<&str>,
+        body: Bytes,
+        headers: &[(&str, &str)],
+    ) -> Result<Reply> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let res = self
+            .client
+            .request(req.body(Full::new(body))?)
+            .await
+            .context("request")?;
+        let status = res.status().as_u16();
+        let etag = res
+            .headers()
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = res
+            .into_body()
+            .collect()
+            .await
+            .context("response body")?
+            .to_bytes();
+        Ok(Reply { status, body, etag })
+    }
+
+    /// Sends JSON (or nothing) and reads the answer.
+    pub async fn json(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        json: Option<&Value>,
+    ) -> Result<Reply> {
+        match json {
+            Some(v) => {
+                self.send(
+                    method,
+                    path,
+                    token,
+                    Some("application/json"),
+                    Bytes::from(v.to_string()),
+                    &[],
+                )
+                .await
+            }
+            None => {
+                self.send(method, path, token, None, Bytes::new(), &[])
+                    .await
+            }
+        }
+    }
+
+    /// Like [`Http::json`], but any status other than `want` is an error.
+    pub async fn expect(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        json: Option<&Value>,
+        want: u16,
+    ) -> Result<Reply> {
+        let r = self.json(method.clone(), path, token, json).await?;
+        if r.status != want {
+            anyhow::bail!(
+                "{method} {path} answered {} (wanted {want}): {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        Ok(r)
+    }
+}

@@ -1,0 +1,215 @@
+//! Closed-loop virtual users and what they record.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::client::Reply;
+
+/// One virtual user: performs one transaction per call, with no think time.
+pub trait Vu: Send + 'static {
+    /// Runs one transaction, timing its requests into `rec`.
+    fn step<'a>(
+        &'a mut self,
+        rec: &'a mut Recorder,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+}
+
+/// What one virtual user measured (merged over users at the end of a step).
+pub struct Recorder {
+    active: bool,
+    ops: BTreeMap<String, Histogram<u64>>,
+    /// Responses by status, per operation.
+    statuses: BTreeMap<(String, u16), u64>,
+    /// Transport failures by message.
+    errors: BTreeMap<String, u64>,
+    /// Responses over one second: operation and milliseconds.
+    slow: Vec<(String, f64)>,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder {
+            active: true,
+            ops: BTreeMap::new(),
+            statuses: BTreeMap::new(),
+            errors: BTreeMap::new(),
+            slow: Vec::new(),
+        }
+    }
+}
+
+impl Recorder {
+    /// Times one request. Returns the reply whatever its status; `None` if
+    /// the request failed to get one.
+    pub async fn time<F>(&mut self, op: &str, request: F) -> Option<Reply>
+    where
+        F: Future<Output = anyhow::Result<Reply>>,
+    {
+        let start = Instant::now();
+        let result = request.await;
+        let micros = start.elapsed().as_micros() as u64;
+        if !self.active {
+            return result.ok();
+        }
+        match result {
+            Ok(reply) => {
+                self.ops
+                    .entry(op.to_string())
+                    .or_insert_with(histogram)
+                    .saturating_record(micros.max(1));
+                *self
+                    .statuses
+                    .entry((op.to_string(), reply.status))
+                    .or_default() += 1;
+                if micros > 1_000_000 {
+                    self.slow.push((op.to_string(), micros as f64 / 1000.0));
+                }
+                Some(reply)
+            }
+            Err(e) => {
+                *self.errors.entry(format!("{op}: {e:#}")).or_default() += 1;
+                None
+            }
+        }
+    }
+
+    fn merge(&mut self, other: Recorder) {
+        for (op, h) in other.ops {
+            self.ops
+                .entry(op)
+                .or_insert_with(histogram)
+                .add(&h)
+                .expect("same bounds");
+        }
+        for (k, n) in other.statuses {
+            *self.statuses.entry(k).or_default() += n;
+        }
+        for (k, n) in other.errors {
+            *self.errors.entry(k).or_default() += n;
+        }
+        self.slow.extend(other.slow);
+    }
+
+    /// Figures per operation for a window of `secs` seconds.
+    pub fn stats(&self, secs: f64) -> BTreeMap<String, OpStats> {
+        self.ops
+            .iter()
+            .map(|(op, h)| {
+                let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+                let statuses: BTreeMap<String, u64> = self
+                    .statuses
+                    .iter()
+                    .filter(|((o, _), _)| o == op)
+                    .map(|((_, s), n)| (s.to_string(), *n))
+                    .collect();
+                let server_errors = statuses
+                    .iter()
+                    .filter(|(s, _)| s.starts_with('5'))
+                    .map(|(_, n)| n)
+                    .sum();
+                (
+                    op.clone(),
+                    OpStats {
+                        count: h.len(),
+                        per_second: h.len() as f64 / secs,
+                        mean_ms: h.mean() / 1000.0,
+                        p50_ms: ms(0.5),
+                        p90_ms: ms(0.9),
+                        p99_ms: ms(0.99),
+                        max_ms: h.max() as f64 / 1000.0,
+                        under_2s: h.count_between(0, 2_000_000) as f64 / h.len().max(1) as f64,
+                        statuses,
+                        server_errors,
+                        ratio_to_health: None,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Transport failures.
+    pub fn errors(&self) -> &BTreeMap<String, u64> {
+        &self.errors
+    }
+
+    /// Responses slower than one second.
+    pub fn slow(&self) -> &[(String, f64)] {
+        &self.slow
+    }
+
+    /// All latencies merged over every operation.
+    pub fn all(&self) -> Option<Histogram<u64>> {
+        let mut all = histogram();
+        for h in self.ops.values() {
+            all.add(h).ok()?;
+        }
+        Some(all)
+    }
+}
+
+/// Figures of one operation in one step.
+#[derive(Clone, Debug, Serialize)]
+pub struct OpStats {
+    /// Responses measured.
+    pub count: u64,
+    /// Responses per second.
+    pub per_second: f64,
+    /// Mean latency.
+    pub mean_ms: f64,
+    /// Median latency.
+    pub p50_ms: f64,
+    /// 90th percentile.
+    pub p90_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Longest.
+    pub max_ms: f64,
+    /// Share of responses under 2 s.
+    pub under_2s: f64,
+    /// Responses by status.
+    pub statuses: BTreeMap<String, u64>,
+    /// Responses with a 5xx status.
+    pub server_errors: u64,
+    /// Throughput over the health ceiling's at the same concurrency.
+    pub ratio_to_health: Option<f64>,
+}
+
+/// Runs the users together: `warmup` unrecorded, then `measure` recorded.
+/// Users stop by themselves once the time is up.
+pub async fn closed_loop(users: Vec<Box<dyn Vu>>, warmup: Duration, measure: Duration) -> Recorder {
+    let start = Instant::now();
+    let end = warmup + measure;
+    let tasks: Vec<_> = users
+        .into_iter()
+        .map(|mut vu| {
+            tokio::spawn(async move {
+                let mut rec = Recorder::default();
+                loop {
+                    let now = start.elapsed();
+                    if now >= end {
+                        break;
+                    }
+                    rec.active = now >= warmup;
+                    vu.step(&mut rec).await;
+                }
+                rec
+            })
+        })
+        .collect();
+    let mut all = Recorder::default();
+    for t in tasks {
+        if let Ok(rec) = t.await {
+            all.merge(rec);
+        }
+    }
+    all
+}

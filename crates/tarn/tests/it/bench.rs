@@ -1,0 +1,120 @@
+//! `tarn bench <workload> --quick` against a server the kit starts: the
+//! outputs exist, results.json holds every figure, and nothing answered 5xx.
+//! Timings are reported, never asserted.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+const TARN: &str = env!("CARGO_BIN_EXE_tarn");
+
+fn check_figures(o: &Value, what: &str) {
+    for f in [
+        "count",
+        "per_second",
+        "mean_ms",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "max_ms",
+        "under_2s",
+    ] {
+        assert!(o[f].is_number(), "{what}: {f} missing in {o}");
+    }
+    assert!(o["count"].as_u64().unwrap() > 0, "{what}: nothing measured");
+    assert!(o["p50_ms"].as_f64().unwrap() <= o["p99_ms"].as_f64().unwrap());
+}
+
+fn check_run(workload: &str, out: &Path) {
+    let results: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(results["workload"], workload);
+    assert_eq!(results["quick"], true);
+    assert!(results["cores"].as_u64().unwrap() >= 1);
+    assert!(results["git_commit"].is_string() && results["tarn_version"].is_string());
+    assert_eq!(results["server_errors"], 0, "{workload}: 5xx responses");
+    assert_eq!(
+        results["transport_errors"], 0,
+        "{workload}: failed requests"
+    );
+    let steps = results["steps"].as_array().unwrap();
+    assert!(!steps.is_empty());
+    for s in steps {
+        let name = s["name"].as_str().unwrap();
+        let ops = s["ops"].as_object().unwrap();
+        assert!(!ops.is_empty(), "{workload} {name}: no operations");
+        for (op, o) in ops {
+            check_figures(o, &format!("{workload} {name} {op}"));
+            assert!(o["ratio_to_health"].is_number(), "{op}: ratio to health");
+            for status in o["statuses"].as_object().unwrap().keys() {
+                assert!(
+                    !status.starts_with('5'),
+                    "{workload} {name} {op}: status {status}"
+                );
+            }
+        }
+        check_figures(&s["health"], &format!("{workload} {name} health"));
+        let server = &s["server"];
+        assert!(
+            server["cpu_cores"].as_f64().unwrap() >= 0.0,
+            "{name}: server CPU"
+        );
+        assert!(
+            server["rss_max_mib"].as_f64().unwrap() > 0.0,
+            "{name}: server memory"
+        );
+    }
+    assert!(!results["marks"].as_array().unwrap().is_empty());
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("<svg"), "plots are inline");
+    for p in results["plots"].as_array().unwrap() {
+        let stem = p["stem"].as_str().unwrap();
+        for ext in ["png", "svg"] {
+            let f = out.join(format!("{stem}.{ext}"));
+            assert!(
+                std::fs::metadata(&f)
+                    .map(|m| m.len() > 1000)
+                    .unwrap_or(false),
+                "{}",
+                f.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn every_workload_runs_quick_with_complete_outputs() {
+    for workload in ["user-home", "kenai", "upload-storm", "custard"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let run = Command::new(TARN)
+            .args(["bench", workload, "--quick", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        assert!(
+            run.status.success(),
+            "{workload}: {}\n{stdout}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert!(
+            stdout.contains("0 5xx responses"),
+            "{workload} summary: {stdout}"
+        );
+        check_run(workload, &out);
+        if workload == "user-home" {
+            let results: Value =
+                serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap())
+                    .unwrap();
+            let plots: Vec<&str> = results["plots"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["stem"].as_str().unwrap())
+                .collect();
+            assert!(plots.contains(&"latency-vs-size"), "{plots:?}");
+        }
+    }
+}
