@@ -21,8 +21,10 @@ lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# Every test, with a throwaway PostgreSQL (scripts/with-postgres.sh); the HTTP
+# suite runs twice: on the in-memory store and on PostgreSQL.
 check-tests: setup
-	$(CARGO) test --workspace
+	scripts/with-postgres.sh sh -c '$(CARGO) test --workspace && TARN_TEST_STORE=postgres $(CARGO) test -p tarn-server --test it'
 
 # Everything CI runs.
 test: lint check-tests

@@ -75,6 +75,8 @@ pub struct Options {
     pub server_exe: PathBuf,
     /// Overrides the measured seconds of each step.
     pub step_seconds: Option<f64>,
+    /// Server processes on this machine to sample when `url` is given.
+    pub server_pids: Vec<u32>,
 }
 
 /// A step's figures.
@@ -152,6 +154,8 @@ pub struct Kit {
     /// Small sizes and short steps.
     pub quick: bool,
     server: Option<SpawnedServer>,
+    /// Processes sampled for server CPU and memory.
+    pids: Vec<u32>,
     step_seconds: Option<f64>,
 }
 
@@ -206,7 +210,7 @@ impl Kit {
         let measure = Duration::from_secs_f64(self.step_seconds.unwrap_or(measure));
         let warmup = Duration::from_secs_f64(warmup);
         let bar = progress_timer(&name, warmup + measure);
-        let sampler = self.server.as_ref().map(|s| ProcSampler::start(s.pid()));
+        let sampler = (!self.pids.is_empty()).then(|| ProcSampler::start(self.pids.clone()));
         let rec = measure::closed_loop(users, warmup, measure).await;
         let server = sampler.map(ProcSampler::finish);
         bar.set_message(format!("{name}: health ceiling"));
@@ -417,11 +421,16 @@ pub async fn run(opts: Options) -> Result<(Results, PathBuf)> {
     let admin = sign_in(&http, "admin", &admin_password)
         .await
         .context("signing in as admin (with --url, give --admin-password)")?;
+    let pids = match &server {
+        Some(s) => vec![s.pid()],
+        None => opts.server_pids.clone(),
+    };
     let kit = Kit {
         http,
         admin,
         quick: opts.quick,
         server,
+        pids,
         step_seconds: opts.step_seconds,
     };
     let run = match opts.workload {

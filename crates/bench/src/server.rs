@@ -86,13 +86,23 @@ pub struct ServerUse {
     pub rss_max_mib: f64,
 }
 
-/// Samples a process's CPU time and memory while a step runs.
+/// Samples processes' CPU time and memory while a step runs (summed over
+/// the processes: several nodes on one machine count together).
 pub struct ProcSampler {
-    pid: u32,
+    pids: Vec<u32>,
     start_ticks: u64,
     start: Instant,
     rss_max_kib: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+}
+
+fn total_ticks(pids: &[u32]) -> u64 {
+    pids.iter().filter_map(|p| cpu_ticks(*p)).sum()
+}
+
+fn total_rss(pids: &[u32]) -> Option<u64> {
+    let all: Vec<u64> = pids.iter().filter_map(|p| rss_kib(*p)).collect();
+    (!all.is_empty()).then(|| all.iter().sum())
 }
 
 fn cpu_ticks(pid: u32) -> Option<u64> {
@@ -118,22 +128,22 @@ fn rss_kib(pid: u32) -> Option<u64> {
 const TICKS: f64 = 100.0;
 
 impl ProcSampler {
-    /// Starts sampling `pid` every 100 ms.
-    pub fn start(pid: u32) -> ProcSampler {
-        let rss_max_kib = Arc::new(AtomicU64::new(rss_kib(pid).unwrap_or(0)));
+    /// Starts sampling the processes every 100 ms.
+    pub fn start(pids: Vec<u32>) -> ProcSampler {
+        let rss_max_kib = Arc::new(AtomicU64::new(total_rss(&pids).unwrap_or(0)));
         let stop = Arc::new(AtomicBool::new(false));
-        let (r, s) = (rss_max_kib.clone(), stop.clone());
+        let (r, s, p) = (rss_max_kib.clone(), stop.clone(), pids.clone());
         tokio::spawn(async move {
             while !s.load(Ordering::Relaxed) {
-                if let Some(kib) = rss_kib(pid) {
+                if let Some(kib) = total_rss(&p) {
                     r.fetch_max(kib, Ordering::Relaxed);
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
         ProcSampler {
-            pid,
-            start_ticks: cpu_ticks(pid).unwrap_or(0),
+            start_ticks: total_ticks(&pids),
+            pids,
             start: Instant::now(),
             rss_max_kib,
             stop,
@@ -143,7 +153,7 @@ impl ProcSampler {
     /// Stops and reports.
     pub fn finish(self) -> ServerUse {
         self.stop.store(true, Ordering::Relaxed);
-        let ticks = cpu_ticks(self.pid).unwrap_or(self.start_ticks) - self.start_ticks;
+        let ticks = total_ticks(&self.pids).saturating_sub(self.start_ticks);
         ServerUse {
             cpu_cores: ticks as f64 / TICKS / self.start.elapsed().as_secs_f64(),
             rss_max_mib: self.rss_max_kib.load(Ordering::Relaxed) as f64 / 1024.0,

@@ -69,6 +69,10 @@ struct BenchArgs {
     /// Seconds measured per step (overrides the workload's own).
     #[arg(long)]
     step_seconds: Option<f64>,
+    /// With --url: server processes on this machine whose CPU and memory to
+    /// report (comma-separated pids, summed).
+    #[arg(long, value_delimiter = ',')]
+    server_pid: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -187,8 +191,13 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn open_store(store: Option<&str>, data: &Path) -> anyhow::Result<Arc<dyn Store>> {
+async fn open_store(store: Option<&str>, data: &Path) -> anyhow::Result<Arc<dyn Store>> {
     match store {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Ok(Arc::new(
+            tarn_store_postgres::PgStore::connect(url)
+                .await
+                .context("cannot open the PostgreSQL store")?,
+        )),
         None => Ok(Arc::new(SqliteStore::open(data).with_context(|| {
             format!("cannot open the data directory {}", data.display())
         })?)),
@@ -199,7 +208,7 @@ fn open_store(store: Option<&str>, data: &Path) -> anyhow::Result<Arc<dyn Store>
             })?))
         }
         Some(url) => bail!(
-            "this build of tarn has no store for {url:?}; use the embedded store (no --store) or sqlite://DIR"
+            "tarn has no store for {url:?}: use postgres://…, sqlite://DIR, or no --store for the embedded one"
         ),
     }
 }
@@ -241,7 +250,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ..EngineConfig::default()
     };
 
-    let store = open_store(store_url.as_deref(), &data)?;
+    let store = open_store(store_url.as_deref(), &data).await?;
     let state = AppState::new(store, engine_config, server_config);
     if let Ok(password) = std::env::var("TARN_ADMIN_PASSWORD") {
         state
@@ -313,7 +322,7 @@ fn parse_sort(fields: &[String]) -> Vec<SortField> {
 }
 
 async fn admin(args: AdminArgs) -> anyhow::Result<()> {
-    let store = open_store(None, &args.data)?;
+    let store = open_store(None, &args.data).await?;
     let engine = Engine::new(store, EngineConfig::default());
     let admin = Caller::User {
         username: "admin".into(),
@@ -388,6 +397,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         quick: args.quick,
         server_exe: std::env::current_exe()?,
         step_seconds: args.step_seconds,
+        server_pids: args.server_pid,
     })
     .await?;
     println!("{}", tarn_bench::report::summary(&results, &out));

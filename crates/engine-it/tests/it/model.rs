@@ -602,6 +602,18 @@ proptest! {
     }
 }
 
+proptest! {
+    // Every PostgreSQL case costs a schema and real round trips: fewer cases.
+    #![proptest_config(ProptestConfig::with_cases(cases() / 2))]
+
+    #[test]
+    fn model_postgres(ops in prop::collection::vec(op(), 1..40)) {
+        let rt = runtime();
+        let engine = rt.block_on(common::postgres());
+        rt.block_on(run(engine, ops));
+    }
+}
+
 #[test]
 fn model_nested_groups_regression() {
     // Nesting two levels deep, then removing the middle link, revokes at once.

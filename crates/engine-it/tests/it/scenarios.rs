@@ -338,6 +338,15 @@ async fn where_indexes_and_backfill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_if_match_edits_have_one_winner_per_version() {
     let (e, _dir) = common::sqlite();
+    one_winner_per_version(e).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_if_match_edits_on_postgres() {
+    one_winner_per_version(common::postgres().await).await;
+}
+
+async fn one_winner_per_version(e: tarn_engine::Engine) {
     let alice = sign_up(&e, "alice").await;
     let item = e
         .create_item(&alice, "doc", Default::default(), vec![])

@@ -87,7 +87,7 @@ struct World {
 const SECRET: &str = "the-secret-title";
 
 async fn world() -> World {
-    let app = TestApp::new();
+    let app = TestApp::new().await;
     let owner = app.user("owner").await;
     let viewer = app.user("viewer").await;
     let editor = app.user("editor").await;

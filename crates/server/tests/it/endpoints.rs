@@ -9,7 +9,7 @@ use crate::support::TestApp;
 
 #[tokio::test]
 async fn health_and_metrics() {
-    let app = TestApp::new();
+    let app = TestApp::new().await;
     let r = app.get("/api/v1/health", None).await.expect(200);
     assert_eq!(r.json(), json!({"status": "ok"}));
     assert!(r.header("x-request-id").is_some());
@@ -38,7 +38,7 @@ async fn health_and_metrics() {
 
 #[tokio::test]
 async fn users_and_sessions() {
-    let app = TestApp::new();
+    let app = TestApp::new().await;
     let r = app
         .call(
             Method::POST,
@@ -169,7 +169,8 @@ async fn closed_signup_leaves_user_creation_to_admins() {
     let app = TestApp::with(ServerConfig {
         signup_open: false,
         ..ServerConfig::default()
-    });
+    })
+    .await;
     let body = json!({"username": "carol", "password": "carol-password"});
     app.call(Method::POST, "/api/v1/users", None, Some(body.clone()))
         .await
@@ -200,7 +201,7 @@ async fn closed_signup_leaves_user_creation_to_admins() {
 
 #[tokio::test]
 async fn failed_sign_ins_are_rate_limited() {
-    let app = TestApp::new();
+    let app = TestApp::new().await;
     app.user("alice").await;
     for _ in 0..tarn_engine::USER_FAILURES {
         app.call(
@@ -229,7 +230,7 @@ async fn failed_sign_ins_are_rate_limited() {
 
 #[tokio::test]
 async fn groups_members_and_managers() {
-    let app = TestApp::new();
+    let app = TestApp::new().await;
     let alice = app.user("alice").await;
     let bob = app.user("bob").await;
     app.call(
@@ -405,7 +406,7 @@ async fn groups_members_and_managers() {
 
 #[tokio::test]
 async fn items_crud_with_etags() {
-    let app = TestApp::new();
+    let app = TestApp::new().await;
     let alice = app.user("alice").await;
     app.call(
         Method::POST,
@@ -499,7 +500,7 @@ async fn items_crud_with_etags() {
 
 #[tokio::test]
 async fn acl_and_links() {
-    let app = TestApp::new();
+    let app = TestApp::new().await;
     let alice = app.user("alice").await;
     let bob = app.user("bob").await;
     let item = app
@@ -639,7 +640,7 @@ async fn acl_and_links() {
 
 #[tokio::test]
 async fn bodies_with_ranges() {
-    let app = TestApp::new();
+    let app = TestApp::new().await;
     let alice = app.user("alice").await;
     let item = app
         .item(
@@ -728,7 +729,7 @@ async fn bodies_with_ranges() {
 
 #[tokio::test]
 async fn listings_indexes_and_cursors() {
-    let app = TestApp::new();
+    let app = TestApp::new().await;
     let alice = app.user("alice").await;
     let bob = app.user("bob").await;
     let admin = app.admin().await;
@@ -998,7 +999,8 @@ async fn malformed_requests_are_problems() {
     let app = TestApp::with(ServerConfig {
         max_json: 4096,
         ..ServerConfig::default()
-    });
+    })
+    .await;
     let alice = app.user("alice").await;
     app.get("/nowhere", None).await.expect(404);
     let r = app
@@ -1057,7 +1059,7 @@ async fn malformed_requests_are_problems() {
 
 #[tokio::test]
 async fn properties_over_the_limit_are_refused() {
-    let app = TestApp::new();
+    let app = TestApp::new().await;
     let alice = app.user("alice").await;
     let r = app
         .call(

@@ -31,7 +31,7 @@ fn concrete(path: &str) -> String {
 
 #[tokio::test]
 async fn document_and_router_agree() {
-    let app = TestApp::new();
+    let app = TestApp::new().await;
     let served = app
         .get("/api/v1/openapi.json", None)
         .await

@@ -67,14 +67,29 @@ pub fn engine_config() -> EngineConfig {
     }
 }
 
+/// The store the suite runs on: memory, or PostgreSQL when
+/// TARN_TEST_STORE=postgres (`make test` runs the suite both ways).
+pub async fn store() -> Arc<dyn tarn_store::Store> {
+    match std::env::var("TARN_TEST_STORE").as_deref() {
+        Ok("postgres") => {
+            let base = std::env::var("TARN_TEST_POSTGRES")
+                .expect("TARN_TEST_POSTGRES (see scripts/with-postgres.sh)");
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b).unwrap();
+            let url = format!("{base}?schema=s_{:016x}", u64::from_le_bytes(b));
+            Arc::new(tarn_store_postgres::PgStore::connect(&url).await.unwrap())
+        }
+        _ => Arc::new(tarn_store::memory::MemoryStore::new()),
+    }
+}
+
 impl TestApp {
-    pub fn new() -> TestApp {
-        TestApp::with(ServerConfig::default())
+    pub async fn new() -> TestApp {
+        TestApp::with(ServerConfig::default()).await
     }
 
-    pub fn with(config: ServerConfig) -> TestApp {
-        let store = Arc::new(tarn_store::memory::MemoryStore::new());
-        let state = AppState::new(store, engine_config(), config);
+    pub async fn with(config: ServerConfig) -> TestApp {
+        let state = AppState::new(store().await, engine_config(), config);
         TestApp {
             router: tarn_server::app(state.clone()),
             state,

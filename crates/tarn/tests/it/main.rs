@@ -3,4 +3,5 @@
 
 mod bench;
 mod http;
+mod nodes;
 mod process;

@@ -1,0 +1,454 @@
+//! `PgStore`: Tarn's store contract on PostgreSQL, for many stateless nodes
+//! sharing one database.
+//!
+//! - One table `tarn_rows (tbl, part bytea, clus bytea, value bytea, version
+//!   int8)` with primary key `(tbl, part, clus)`; `bytea` compares bytewise,
+//!   exactly as the contract orders clustering keys.
+//! - Pooled connections (deadpool), statements prepared once per connection.
+//!   Several reads of one call are pipelined on one connection.
+//! - A write is one transaction. Guards lock their rows first, in key order:
+//!   `SELECT … FOR UPDATE` for a version guard; for an absent guard, an
+//!   `INSERT … ON CONFLICT DO NOTHING` of a placeholder, whose uniqueness
+//!   check makes a concurrent inserter wait for our outcome and then see the
+//!   row. The ops follow as one bulk upsert and one bulk delete, deduplicated
+//!   and sorted by key, so concurrent writers take row locks in one order.
+//!   Placeholders not overwritten are removed before commit.
+//! - Deadlocks and serialization failures surface as
+//!   [`StoreError::Conflict`], connection trouble as
+//!   [`StoreError::Unavailable`]: the engine retries both with backoff.
+//! - Schema creation runs at every start under an advisory lock, so any
+//!   number of nodes may start at once.
+//!
+//! The URL is a libpq-style `postgres://` URL; Tarn adds one parameter,
+//! `schema=NAME`, to keep the table in a schema of its own (created if
+//! missing).
+
+#![warn(missing_docs)]
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::str::FromStr;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::future::try_join_all;
+use tarn_store::{Batch, Direction, Expect, Key, Op, Row, Scan, Store, StoreError, StoreResult};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::NoTls;
+
+/// Marks a placeholder row written to lock an absent guarded key.
+const PLACEHOLDER: i64 = -1;
+
+/// Settings of a [`PgStore`].
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    /// Connections in the pool.
+    pub pool_size: usize,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions { pool_size: 16 }
+    }
+}
+
+/// The PostgreSQL store. Cheap to clone: clones share the pool.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+}
+
+fn map_err(e: tokio_postgres::Error) -> StoreError {
+    let text = match e.as_db_error() {
+        Some(db) => format!("{} ({}): {}", db.severity(), db.code().code(), db.message()),
+        None => format!(
+            "{e}: {}",
+            std::error::Error::source(&e).map_or(String::new(), |s| s.to_string())
+        ),
+    };
+    map_code(&e, text)
+}
+
+fn map_code(e: &tokio_postgres::Error, text: String) -> StoreError {
+    if let Some(code) = e.code() {
+        if *code == SqlState::T_R_SERIALIZATION_FAILURE
+            || *code == SqlState::T_R_DEADLOCK_DETECTED
+            || *code == SqlState::LOCK_NOT_AVAILABLE
+        {
+            return StoreError::Conflict(text);
+        }
+        if code.code().starts_with("08")
+            || code.code().starts_with("57")
+            || code.code().starts_with("53")
+        {
+            return StoreError::Unavailable(text);
+        }
+        if *code == SqlState::DATA_CORRUPTED || *code == SqlState::INDEX_CORRUPTED {
+            return StoreError::Corrupt(text);
+        }
+        return StoreError::Other(text);
+    }
+    // No SQL state: the connection failed or closed.
+    StoreError::Unavailable(text)
+}
+
+fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => map_err(e),
+        other => StoreError::Unavailable(other.to_string()),
+    }
+}
+
+/// Splits Tarn's own `schema` parameter off a URL.
+fn split_schema(url: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), None);
+    };
+    let mut schema = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|kv| match kv.strip_prefix("schema=") {
+            Some(s) => {
+                schema = Some(s.to_string());
+                false
+            }
+            None => true,
+        })
+        .collect();
+    let url = if rest.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    (url, schema)
+}
+
+fn check_schema_name(s: &str) -> StoreResult<()> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "schema {s:?}: use lower-case letters, digits and _"
+        )))
+    }
+}
+
+impl PgStore {
+    /// Connects to `url`, creating the schema and table if needed.
+    pub async fn connect(url: &str) -> StoreResult<PgStore> {
+        PgStore::connect_with(url, PgOptions::default()).await
+    }
+
+    /// Connects with options.
+    pub async fn connect_with(url: &str, options: PgOptions) -> StoreResult<PgStore> {
+        let (url, schema) = split_schema(url);
+        let mut config = tokio_postgres::Config::from_str(&url)
+            .map_err(|e| StoreError::Invalid(format!("PostgreSQL URL: {e}")))?;
+        if let Some(s) = &schema {
+            check_schema_name(s)?;
+            config.options(format!("-c search_path={s}"));
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size)
+            .build()
+            .map_err(|e| StoreError::Other(format!("pool: {e}")))?;
+        let store = PgStore { pool };
+        store.migrate(schema.as_deref()).await?;
+        Ok(store)
+    }
+
+    /// Idempotent schema setup, serialised across nodes by an advisory lock.
+    async fn migrate(&self, schema: Option<&str>) -> StoreResult<()> {
+        let mut client = self.pool.get().await.map_err(pool_err)?;
+        let tx = client.transaction().await.map_err(map_err)?;
+        tx.execute("SELECT pg_advisory_xact_lock(74261157)", &[])
+            .await
+            .map_err(map_err)?;
+        if let Some(s) = schema {
+            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {s}"))
+                .await
+                .map_err(map_err)?;
+        }
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS tarn_rows (
+                 tbl text COLLATE \"C\" NOT NULL,
+                 part bytea NOT NULL,
+                 clus bytea NOT NULL,
+                 value bytea NOT NULL,
+                 version int8 NOT NULL,
+                 PRIMARY KEY (tbl, part, clus)
+             );
+             CREATE TABLE IF NOT EXISTS tarn_schema (version int8 NOT NULL);
+             INSERT INTO tarn_schema (version) SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM tarn_schema);",
+        )
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)
+    }
+}
+
+const GET: &str = "SELECT value, version FROM tarn_rows WHERE tbl = $1 AND part = $2 AND clus = $3";
+
+fn scan_sql(scan: &Scan) -> String {
+    let mut sql =
+        String::from("SELECT clus, value, version FROM tarn_rows WHERE tbl = $1 AND part = $2");
+    let mut n = 2;
+    for (b, lt, le) in [(&scan.lower, ">", ">="), (&scan.upper, "<", "<=")] {
+        match b {
+            Bound::Unbounded => {}
+            Bound::Included(_) => {
+                n += 1;
+                sql.push_str(&format!(" AND clus {le} ${n}"));
+            }
+            Bound::Excluded(_) => {
+                n += 1;
+                sql.push_str(&format!(" AND clus {lt} ${n}"));
+            }
+        }
+    }
+    n += 1;
+    sql.push_str(match scan.direction {
+        Direction::Forward => " ORDER BY clus ASC",
+        Direction::Reverse => " ORDER BY clus DESC",
+    });
+    sql.push_str(&format!(" LIMIT ${n}"));
+    sql
+}
+
+async fn get_on(client: &deadpool_postgres::Client, key: &Key) -> StoreResult<Option<Row>> {
+    let stmt = client.prepare_cached(GET).await.map_err(map_err)?;
+    let row = client
+        .query_opt(&stmt, &[&key.table.name(), &key.partition, &key.clustering])
+        .await
+        .map_err(map_err)?;
+    Ok(row.map(|r| Row {
+        clustering: key.clustering.clone(),
+        value: r.get(0),
+        version: r.get::<_, i64>(1) as u64,
+    }))
+}
+
+async fn scan_on(client: &deadpool_postgres::Client, scan: &Scan) -> StoreResult<Vec<Row>> {
+    if scan.limit == 0 {
+        return Ok(Vec::new());
+    }
+    let stmt = client
+        .prepare_cached(&scan_sql(scan))
+        .await
+        .map_err(map_err)?;
+    let table = scan.table.name();
+    let limit = i64::try_from(scan.limit).unwrap_or(i64::MAX);
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&table, &scan.partition];
+    for b in [&scan.lower, &scan.upper] {
+        if let Bound::Included(k) | Bound::Excluded(k) = b {
+            params.push(k);
+        }
+    }
+    params.push(&limit);
+    let rows = client.query(&stmt, &params).await.map_err(map_err)?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Row {
+            clustering: r.get(0),
+            value: r.get(1),
+            version: r.get::<_, i64>(2) as u64,
+        })
+        .collect())
+}
+
+#[async_trait::async_trait]
+impl Store for PgStore {
+    async fn get(&self, key: Key) -> StoreResult<Option<Row>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        get_on(&client, &key).await
+    }
+
+    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Row>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.pool.get().await.map_err(pool_err)?;
+        // Polled together, the queries are pipelined on the connection.
+        try_join_all(keys.iter().map(|k| get_on(&client, k))).await
+    }
+
+    async fn scan(&self, scan: Scan) -> StoreResult<Vec<Row>> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        scan_on(&client, &scan).await
+    }
+
+    async fn scan_many(&self, scans: Vec<Scan>) -> StoreResult<Vec<Vec<Row>>> {
+        if scans.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.pool.get().await.map_err(pool_err)?;
+        try_join_all(scans.iter().map(|s| scan_on(&client, s))).await
+    }
+
+    async fn write(&self, batch: Batch) -> StoreResult<()> {
+        batch.validate()?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut client = self.pool.get().await.map_err(pool_err)?;
+        let tx = client.transaction().await.map_err(map_err)?;
+        // Guards, in key order.
+        let mut guards: Vec<(usize, &tarn_store::Guard)> =
+            batch.guards.iter().enumerate().collect();
+        guards.sort_by(|a, b| a.1.key.cmp(&b.1.key));
+        let lock = tx
+            .prepare_cached(
+                "SELECT version FROM tarn_rows WHERE tbl = $1 AND part = $2 AND clus = $3 FOR UPDATE",
+            )
+            .await
+            .map_err(map_err)?;
+        let claim = tx
+            .prepare_cached(
+                "INSERT INTO tarn_rows (tbl, part, clus, value, version) VALUES ($1, $2, $3, ''::bytea, $4)
+                 ON CONFLICT (tbl, part, clus) DO NOTHING RETURNING 1",
+            )
+            .await
+            .map_err(map_err)?;
+        let mut failed = None;
+        let mut placeholders = Vec::new();
+        for (i, g) in &guards {
+            let k = &g.key;
+            let table = k.table.name();
+            let holds = match g.expect {
+                Expect::Version(v) => {
+                    let row = tx
+                        .query_opt(&lock, &[&table, &k.partition, &k.clustering])
+                        .await
+                        .map_err(map_err)?;
+                    row.is_some_and(|r| r.get::<_, i64>(0) as u64 == v)
+                }
+                Expect::Absent => {
+                    let claimed = tx
+                        .query_opt(&claim, &[&table, &k.partition, &k.clustering, &PLACEHOLDER])
+                        .await
+                        .map_err(map_err)?
+                        .is_some();
+                    if claimed {
+                        placeholders.push(k.clone());
+                    }
+                    claimed
+                }
+            };
+            if !holds {
+                // The smallest index among failures, as the contract says
+                // "the first failing guard".
+                failed = Some(failed.map_or(*i, |f: usize| f.min(*i)));
+            }
+        }
+        if let Some(guard) = failed {
+            tx.rollback().await.map_err(map_err)?;
+            return Err(StoreError::GuardFailed { guard });
+        }
+        // The last op on a key wins; then key order for lock order.
+        let mut last: BTreeMap<&Key, &Op> = BTreeMap::new();
+        for op in &batch.ops {
+            last.insert(op.key(), op);
+        }
+        let (mut t, mut p, mut c, mut v, mut ver) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut dt, mut dp, mut dc) = (vec![], vec![], vec![]);
+        for (key, op) in last {
+            match op {
+                Op::Put { value, version, .. } => {
+                    t.push(key.table.name());
+                    p.push(key.partition.as_slice());
+                    c.push(key.clustering.as_slice());
+                    v.push(value.as_slice());
+                    ver.push(
+                        i64::try_from(*version)
+                            .map_err(|_| StoreError::Invalid("version above i64::MAX".into()))?,
+                    );
+                }
+                Op::Delete { .. } => {
+                    dt.push(key.table.name());
+                    dp.push(key.partition.as_slice());
+                    dc.push(key.clustering.as_slice());
+                }
+            }
+        }
+        if !t.is_empty() {
+            let upsert = tx
+                .prepare_cached(
+                    "INSERT INTO tarn_rows (tbl, part, clus, value, version)
+                     SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::bytea[], $5::int8[])
+                     ON CONFLICT (tbl, part, clus) DO UPDATE SET value = EXCLUDED.value, version = EXCLUDED.version",
+                )
+                .await
+                .map_err(map_err)?;
+            tx.execute(&upsert, &[&t, &p, &c, &v, &ver])
+                .await
+                .map_err(map_err)?;
+        }
+        if !dt.is_empty() {
+            let delete = tx
+                .prepare_cached(
+                    "DELETE FROM tarn_rows r USING unnest($1::text[], $2::bytea[], $3::bytea[]) AS d(tbl, part, clus)
+                     WHERE r.tbl = d.tbl AND r.part = d.part AND r.clus = d.clus",
+                )
+                .await
+                .map_err(map_err)?;
+            tx.execute(&delete, &[&dt, &dp, &dc])
+                .await
+                .map_err(map_err)?;
+        }
+        if !placeholders.is_empty() {
+            let drop = tx
+                .prepare_cached(
+                    "DELETE FROM tarn_rows WHERE tbl = $1 AND part = $2 AND clus = $3 AND version = $4",
+                )
+                .await
+                .map_err(map_err)?;
+            for k in &placeholders {
+                tx.execute(
+                    &drop,
+                    &[&k.table.name(), &k.partition, &k.clustering, &PLACEHOLDER],
+                )
+                .await
+                .map_err(map_err)?;
+            }
+        }
+        tx.commit().await.map_err(map_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_parameter_is_tarns_own() {
+        assert_eq!(
+            split_schema("postgres://u@h/db"),
+            ("postgres://u@h/db".into(), None)
+        );
+        assert_eq!(
+            split_schema("postgres://u@h/db?schema=t1"),
+            ("postgres://u@h/db".into(), Some("t1".into()))
+        );
+        assert_eq!(
+            split_schema("postgres://u@h/db?sslmode=disable&schema=t1"),
+            (
+                "postgres://u@h/db?sslmode=disable".into(),
+                Some("t1".into())
+            )
+        );
+        assert!(check_schema_name("t_1").is_ok());
+        assert!(check_schema_name("x; drop").is_err());
+    }
+}

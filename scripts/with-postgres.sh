@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs a command with a throwaway PostgreSQL cluster on a free loopback port,
+# then stops it. Installs Debian's PostgreSQL when missing. The command sees
+# TARN_TEST_POSTGRES=postgres://tarn@127.0.0.1:PORT/tarn.
+#   scripts/with-postgres.sh cargo test --workspace
+set -euo pipefail
+
+find_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1; }
+BIN=$(find_bin)
+if [ -z "$BIN" ] || [ ! -x "$BIN/initdb" ]; then
+  echo "with-postgres: installing PostgreSQL (Debian packages)" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  # policy-rc.d keeps the package from starting its own cluster.
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+  $SUDO chmod +x /usr/sbin/policy-rc.d
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null
+  $SUDO rm -f /usr/sbin/policy-rc.d
+  BIN=$(find_bin)
+fi
+
+# PostgreSQL refuses to run as root: use the postgres user then.
+if [ "$(id -u)" -eq 0 ]; then
+  id postgres >/dev/null 2>&1 || useradd --system --create-home postgres
+  AS=(runuser -u postgres --)
+else
+  AS=()
+fi
+
+DIR=$(mktemp -d /tmp/tarn-pg.XXXXXX)
+chmod 755 "$DIR"
+[ "$(id -u)" -eq 0 ] && chown postgres "$DIR"
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
+
+cleanup() {
+  "${AS[@]}" "$BIN/pg_ctl" -D "$DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+"${AS[@]}" "$BIN/initdb" -D "$DIR/data" -U tarn --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+# Tests check semantics, not durability: skip fsyncs to keep them fast.
+"${AS[@]}" "$BIN/pg_ctl" -D "$DIR/data" -w -l "$DIR/log" \
+  -o "-p $PORT -k $DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400" \
+  start >/dev/null
+"${AS[@]}" "$BIN/createdb" -h 127.0.0.1 -p "$PORT" -U tarn tarn
+
+export TARN_TEST_POSTGRES="postgres://tarn@127.0.0.1:$PORT/tarn"
+echo "with-postgres: PostgreSQL $("$BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PORT" >&2
+set +e
+"$@"
+rc=$?
+set -e
+exit $rc
