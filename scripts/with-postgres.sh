@@ -39,10 +39,13 @@ cleanup() {
 trap cleanup EXIT
 
 "${AS[@]}" "$BIN/initdb" -D "$DIR/data" -U tarn --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
-# Tests check semantics, not durability: skip fsyncs to keep them fast.
-"${AS[@]}" "$BIN/pg_ctl" -D "$DIR/data" -w -l "$DIR/log" \
-  -o "-p $PORT -k $DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400" \
-  start >/dev/null
+# Tests check semantics, not durability: skip fsyncs to keep them fast,
+# unless TARN_PG_DURABLE=1 (benchmarks: every commit is fsynced, as in use).
+OPTS="-p $PORT -k $DIR -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=512MB"
+if [ "${TARN_PG_DURABLE:-0}" != 1 ]; then
+  OPTS="$OPTS -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+fi
+"${AS[@]}" "$BIN/pg_ctl" -D "$DIR/data" -w -l "$DIR/log" -o "$OPTS" start >/dev/null
 "${AS[@]}" "$BIN/createdb" -h 127.0.0.1 -p "$PORT" -U tarn tarn
 
 export TARN_TEST_POSTGRES="postgres://tarn@127.0.0.1:$PORT/tarn"

@@ -160,8 +160,8 @@ struct Inner {
 }
 
 impl Engine {
-    /// An engine over `store`. Index builds left unfinished by a stopped
-    /// node are resumed in the background (needs a Tokio runtime).
+    /// An engine over `store`. Call [`Engine::resume_index_work`] once at
+    /// start to finish index builds and drops a stopped node left behind.
     pub fn new(store: Arc<dyn Store>, config: EngineConfig) -> Engine {
         Engine {
             inner: Arc::new(Inner {

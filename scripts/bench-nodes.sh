@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# tarn bench WORKLOAD on PostgreSQL (durable commits): one node, then two
+# nodes behind nginx (round-robin), server CPU summed over the nodes.
+#   scripts/bench-nodes.sh kenai [extra tarn bench flags]
+# Needs nginx (apt-get install nginx) for the two-node run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORKLOAD=${1:?workload}; shift
+cargo build --release -p tarn >/dev/null
+OUT=${OUT:-bench-results/nodes}
+mkdir -p "$OUT"
+export TARN_PG_DURABLE=1
+exec scripts/with-postgres.sh bash -c '
+set -euo pipefail
+WORKLOAD=$1; OUT=$2; shift 2
+free_port() { python3 -c "import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); print(s.getsockname()[1]); s.close()"; }
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill $p 2>/dev/null || true; done; [ -n "${NGINX_DIR:-}" ] && nginx -p "$NGINX_DIR" -c "$NGINX_DIR/nginx.conf" -s stop 2>/dev/null || true; }
+trap cleanup EXIT
+node() { # schema port
+  TARN_ADMIN_PASSWORD=bench-admin-password RUST_LOG=warn ./target/release/tarn serve --listen 127.0.0.1:$2 --store "$TARN_TEST_POSTGRES?schema=$1" >/dev/null &
+  PIDS+=($!)
+  until curl -sf http://127.0.0.1:$2/api/v1/health >/dev/null; do sleep 0.2; done
+}
+# One node.
+P1=$(free_port); node one $P1
+./target/release/tarn bench "$WORKLOAD" --url http://127.0.0.1:$P1 --admin-password bench-admin-password \
+  --server-pid ${PIDS[0]} --out "$OUT/$WORKLOAD-postgres-1node" "$@"
+kill ${PIDS[0]}; PIDS=()
+# Two nodes behind nginx.
+PA=$(free_port); PB=$(free_port); PL=$(free_port)
+node two $PA; node two $PB
+NGINX_DIR=$(mktemp -d)
+sed -e "s/127.0.0.1:7701/127.0.0.1:$PA/; s/127.0.0.1:7702/127.0.0.1:$PB/; s/listen 127.0.0.1:7700/listen 127.0.0.1:$PL/" \
+  docs/nginx-two-nodes.conf > "$NGINX_DIR/nginx.conf"
+nginx -p "$NGINX_DIR" -c "$NGINX_DIR/nginx.conf"
+until curl -sf http://127.0.0.1:$PL/api/v1/health >/dev/null; do sleep 0.2; done
+./target/release/tarn bench "$WORKLOAD" --url http://127.0.0.1:$PL --admin-password bench-admin-password \
+  --server-pid ${PIDS[0]},${PIDS[1]} --out "$OUT/$WORKLOAD-postgres-2nodes" "$@"
+' _ "$WORKLOAD" "$OUT" "$@"
