@@ -206,7 +206,11 @@ impl BodyUpload {
             .await?;
         self.done = true;
         if let Some(old) = old {
-            engine.delete_blob(&old.blob).await?;
+            // The new body is in place; old chunks that cannot be removed
+            // now are only unreachable space.
+            if let Err(e) = engine.delete_blob(&old.blob).await {
+                tracing::error!(blob = %old.blob, error = %e, "old body chunks left behind");
+            }
         }
         Ok(view)
     }

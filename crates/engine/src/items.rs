@@ -118,8 +118,10 @@ impl Engine {
             ));
         }
         for g in &acl {
-            if let Err(EngineError::NotFound(m)) = self.check_principal_exists(&g.principal).await {
-                return Err(EngineError::InvalidInput(m));
+            match self.check_principal_exists(&g.principal).await {
+                Ok(()) => {}
+                Err(EngineError::NotFound(m)) => return Err(EngineError::InvalidInput(m)),
+                Err(e) => return Err(e.settle()),
             }
         }
         Ok(acl)
@@ -288,7 +290,11 @@ impl Engine {
             })
             .await?;
         if let Some(body) = body {
-            self.delete_blob(&body.blob).await?;
+            // The item is gone; chunks that cannot be removed now are only
+            // unreachable space, so the delete still succeeded.
+            if let Err(e) = self.delete_blob(&body.blob).await {
+                tracing::error!(item_id = %id, blob = %body.blob, error = %e, "body chunks left behind");
+            }
         }
         Ok(())
     }

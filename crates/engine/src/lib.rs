@@ -128,6 +128,11 @@ pub struct EngineConfig {
     pub write_lease: Duration,
     /// Most attempts of one operation when the store reports conflicts.
     pub max_attempts: u32,
+    /// Password hashes computed at once. Each Argon2id hash takes its
+    /// memory cost and tens of milliseconds of a core: bounding them keeps
+    /// memory flat and leaves cores to every other request when sign-ins
+    /// pile up.
+    pub password_hashers: usize,
     /// Source of timestamps.
     pub clock: Clock,
 }
@@ -141,6 +146,8 @@ impl Default for EngineConfig {
             max_body: 1 << 30,
             write_lease: Duration::from_secs(2),
             max_attempts: 8,
+            password_hashers: std::thread::available_parallelism()
+                .map_or(1, |n| (n.get() / 2).max(1)),
             clock: Clock::System,
         }
     }
@@ -157,17 +164,22 @@ struct Inner {
     store: Arc<dyn Store>,
     config: EngineConfig,
     retries: AtomicU64,
+    /// The bounded pool of password hashing (like a connection pool: the
+    /// only thing requests share besides the store's pools).
+    hashing: tokio::sync::Semaphore,
 }
 
 impl Engine {
     /// An engine over `store`. Call [`Engine::resume_index_work`] once at
     /// start to finish index builds and drops a stopped node left behind.
     pub fn new(store: Arc<dyn Store>, config: EngineConfig) -> Engine {
+        let hashers = config.password_hashers.max(1);
         Engine {
             inner: Arc::new(Inner {
                 store,
                 config,
                 retries: AtomicU64::new(0),
+                hashing: tokio::sync::Semaphore::new(hashers),
             }),
         }
     }

@@ -84,6 +84,12 @@ fn session_hash(token: &str) -> [u8; 32] {
 
 impl Engine {
     async fn hash_password(&self, password: &str) -> Result<String> {
+        let _permit = self
+            .inner
+            .hashing
+            .acquire()
+            .await
+            .map_err(|e| EngineError::Internal(format!("hashing pool: {e}")))?;
         let cost = self.inner.config.password_cost;
         let password = password.to_string();
         tokio::task::spawn_blocking(move || {
@@ -101,6 +107,9 @@ impl Engine {
     }
 
     async fn verify_password(&self, password: &str, hash: &str) -> bool {
+        let Ok(_permit) = self.inner.hashing.acquire().await else {
+            return false;
+        };
         let password = password.to_string();
         let hash = hash.to_string();
         tokio::task::spawn_blocking(move || {

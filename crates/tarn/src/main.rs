@@ -99,7 +99,8 @@ struct ServeArgs {
     #[arg(long, env = "TARN_SIGNUP")]
     signup: Option<Signup>,
     /// A TOML file with any of: listen, data, store, signup, grace_seconds,
-    /// max_json_bytes, session_ttl_hours. Flags and environment win over it.
+    /// max_json_bytes, session_ttl_hours, max_properties_bytes,
+    /// max_body_bytes. Flags and environment win over it.
     #[arg(long, env = "TARN_CONFIG")]
     config: Option<PathBuf>,
     /// Seconds requests in flight get to finish after SIGTERM or SIGINT [default: 10].
@@ -111,6 +112,12 @@ struct ServeArgs {
     /// How long a session lasts, in hours [default: 720].
     #[arg(long, env = "TARN_SESSION_TTL_HOURS")]
     session_ttl_hours: Option<u64>,
+    /// Largest `properties` of an item, user or group, in bytes [default: 65536].
+    #[arg(long, env = "TARN_MAX_PROPERTIES_BYTES")]
+    max_properties_bytes: Option<usize>,
+    /// Largest item body, in bytes [default: 1073741824].
+    #[arg(long, env = "TARN_MAX_BODY_BYTES")]
+    max_body_bytes: Option<u64>,
 }
 
 /// The settings a config file may hold.
@@ -124,6 +131,8 @@ struct FileConfig {
     grace_seconds: Option<u64>,
     max_json_bytes: Option<usize>,
     session_ttl_hours: Option<u64>,
+    max_properties_bytes: Option<usize>,
+    max_body_bytes: Option<u64>,
 }
 
 #[derive(Args)]
@@ -240,6 +249,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .or(file.max_json_bytes)
             .unwrap_or(1024 * 1024),
     };
+    let defaults = EngineConfig::default();
     let engine_config = EngineConfig {
         session_ttl: Duration::from_secs(
             3600 * args
@@ -247,7 +257,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .or(file.session_ttl_hours)
                 .unwrap_or(720),
         ),
-        ..EngineConfig::default()
+        max_properties: args
+            .max_properties_bytes
+            .or(file.max_properties_bytes)
+            .unwrap_or(defaults.max_properties),
+        max_body: args
+            .max_body_bytes
+            .or(file.max_body_bytes)
+            .unwrap_or(defaults.max_body),
+        ..defaults
     };
 
     let store = open_store(store_url.as_deref(), &data).await?;

@@ -270,7 +270,7 @@ fn config_file_sets_what_flags_do_not() {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\nsignup = \"closed\"\ndata = {:?}\n",
+            "listen = \"127.0.0.1:0\"\nsignup = \"closed\"\nmax_json_bytes = 300\ndata = {:?}\n",
             dir.path().join("data")
         ),
     )
@@ -299,6 +299,9 @@ fn config_file_sets_what_flags_do_not() {
         Some(json!({"username": "x", "password": "long enough"})),
     );
     assert_eq!(r.status, 401, "sign-up is closed by the file");
+    let big = json!({"username": "x", "password": "y".repeat(400)});
+    let r = call(addr, "POST", "/api/v1/users", None, Some(big));
+    assert_eq!(r.status, 413, "the JSON limit comes from the file");
     assert!(dir.path().join("data").join("LOCK").exists());
     terminate(&child);
     assert!(wait_exit(&mut child).success());
