@@ -80,7 +80,7 @@ pub struct Options {
 }
 
 /// A step's figures.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Step {
     /// What the step is.
     pub name: String,

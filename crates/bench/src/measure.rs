@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::client::Reply;
 
@@ -157,7 +157,7 @@ impl Recorder {
 }
 
 /// Figures of one operation in one step.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct OpStats {
     /// Responses measured.
     pub count: u64,

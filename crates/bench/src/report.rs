@@ -6,13 +6,13 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use plotters::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{Step, WorkloadRun};
 
 /// A pass mark or headline figure: the old target beside Tarn's figure.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Mark {
     /// What is measured.
     pub what: String,
@@ -25,7 +25,7 @@ pub struct Mark {
 }
 
 /// A line chart: named series of (x, y) points.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Plot {
     /// File name without extension.
     pub stem: String,
@@ -42,7 +42,7 @@ pub struct Plot {
 }
 
 /// Everything a run measured.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Results {
     /// The workload.
     pub workload: String,
@@ -145,6 +145,33 @@ impl Results {
     }
 }
 
+/// Stems of the plots every workload gets.
+pub const STANDARD_PLOTS: [&str; 6] = [
+    "latency-vs-users",
+    "throughput-vs-users",
+    "ratio-to-health-vs-users",
+    "ceiling-vs-users",
+    "cpu-vs-users",
+    "memory-vs-users",
+];
+
+/// Re-renders a finished run's plots and report from its results.json (the
+/// standard plots recomputed from the steps, the workload's own kept).
+pub fn rerender(dir: &Path) -> Result<Results> {
+    let text = std::fs::read_to_string(dir.join("results.json"))
+        .with_context(|| format!("reading {}/results.json", dir.display()))?;
+    let mut r: Results = serde_json::from_str(&text)?;
+    let own: Vec<Plot> = r
+        .plots
+        .drain(..)
+        .filter(|p| !STANDARD_PLOTS.contains(&p.stem.as_str()))
+        .collect();
+    r.plots = standard_plots(&r.steps);
+    r.plots.extend(own);
+    write(dir, &r)?;
+    Ok(r)
+}
+
 /// Latency, throughput and server use against users, over steps whose
 /// parameters other than `users` are the same (one series per group).
 fn standard_plots(steps: &[Step]) -> Vec<Plot> {
@@ -172,6 +199,8 @@ fn standard_plots(steps: &[Step]) -> Vec<Plot> {
     };
     let mut latency = Vec::new();
     let mut throughput = Vec::new();
+    let mut ratio = Vec::new();
+    let mut ceiling = Vec::new();
     let mut cpu = Vec::new();
     let mut rss = Vec::new();
     for (g, steps) in &groups {
@@ -189,17 +218,22 @@ fn standard_plots(steps: &[Step]) -> Vec<Plot> {
                     .collect();
                 latency.push((label(g, &format!("{op} {q}")), pts));
             }
-            let pts = steps
+            let pts: Vec<(f64, f64)> = steps
                 .iter()
                 .filter_map(|s| s.ops.get(op).map(|o| (s.users as f64, o.per_second)))
                 .collect();
             throughput.push((label(g, op), pts));
+            let pts: Vec<(f64, f64)> = steps
+                .iter()
+                .filter_map(|s| s.ops.get(op).and_then(|o| o.ratio_to_health.map(|r| (s.users as f64, r))))
+                .collect();
+            ratio.push((label(g, op), pts));
         }
-        let pts = steps
+        let pts: Vec<(f64, f64)> = steps
             .iter()
             .filter_map(|s| s.health.as_ref().map(|h| (s.users as f64, h.per_second)))
             .collect();
-        throughput.push((label(g, "health (ceiling)"), pts));
+        ceiling.push((label(g, "GET /api/v1/health"), pts));
         cpu.push((
             label(g, "server CPU"),
             steps
@@ -235,6 +269,18 @@ fn standard_plots(steps: &[Step]) -> Vec<Plot> {
             "Throughput vs users",
             "responses per second",
             throughput,
+        ),
+        plot(
+            "ratio-to-health-vs-users",
+            "Throughput as a share of the health ceiling",
+            "x health at the same users",
+            ratio,
+        ),
+        plot(
+            "ceiling-vs-users",
+            "The ceiling: GET /api/v1/health vs users",
+            "responses per second",
+            ceiling,
         ),
         plot("cpu-vs-users", "Server CPU vs users", "cores busy", cpu),
         plot(

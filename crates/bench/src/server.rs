@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A `tarn serve` the kit started; stopped and its data removed on drop.
 pub struct SpawnedServer {
@@ -78,7 +78,7 @@ impl Drop for SpawnedServer {
 }
 
 /// What the server process used during a step.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct ServerUse {
     /// CPU time over wall time: cores kept busy.
     pub cpu_cores: f64,

@@ -50,8 +50,13 @@ enum BenchWorkload {
 
 #[derive(Args)]
 struct BenchArgs {
-    /// The workload.
-    workload: BenchWorkload,
+    /// The workload (not needed with --report).
+    #[arg(required_unless_present = "report")]
+    workload: Option<BenchWorkload>,
+    /// Re-render the plots and report.html of a finished run's directory
+    /// from its results.json, and print its summary; runs nothing.
+    #[arg(long, conflicts_with_all = ["url", "quick"])]
+    report: Option<PathBuf>,
     /// A running server (one node or a load balancer); without it the kit
     /// starts `tarn serve` itself on a temp directory and a free port.
     #[arg(long)]
@@ -401,7 +406,12 @@ async fn admin(args: AdminArgs) -> anyhow::Result<()> {
 }
 
 async fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    let workload = match args.workload {
+    if let Some(dir) = args.report {
+        let results = tarn_bench::report::rerender(&dir)?;
+        println!("{}", tarn_bench::report::summary(&results, &dir));
+        return Ok(());
+    }
+    let workload = match args.workload.expect("clap requires it") {
         BenchWorkload::UserHome => tarn_bench::Workload::UserHome,
         BenchWorkload::Kenai => tarn_bench::Workload::Kenai,
         BenchWorkload::UploadStorm => tarn_bench::Workload::UploadStorm,
