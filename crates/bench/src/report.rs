@@ -225,7 +225,11 @@ fn standard_plots(steps: &[Step]) -> Vec<Plot> {
             throughput.push((label(g, op), pts));
             let pts: Vec<(f64, f64)> = steps
                 .iter()
-                .filter_map(|s| s.ops.get(op).and_then(|o| o.ratio_to_health.map(|r| (s.users as f64, r))))
+                .filter_map(|s| {
+                    s.ops
+                        .get(op)
+                        .and_then(|o| o.ratio_to_health.map(|r| (s.users as f64, r)))
+                })
                 .collect();
             ratio.push((label(g, op), pts));
         }
