@@ -228,22 +228,12 @@ impl Kit {
             }
         }
         let all = rec.all().map(|h| {
-            let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-            OpStats {
-                count: h.len(),
-                per_second: h.len() as f64 / secs,
-                mean_ms: h.mean() / 1000.0,
-                p50_ms: ms(0.5),
-                p90_ms: ms(0.9),
-                p99_ms: ms(0.99),
-                max_ms: h.max() as f64 / 1000.0,
-                under_2s: h.count_between(0, 2_000_000) as f64 / h.len().max(1) as f64,
-                statuses: BTreeMap::new(),
-                server_errors: ops.values().map(|o| o.server_errors).sum(),
-                ratio_to_health: health
-                    .as_ref()
-                    .map(|hh| h.len() as f64 / secs / hh.per_second.max(1e-9)),
-            }
+            let mut all = measure::op_stats(&h, secs);
+            all.server_errors = ops.values().map(|o| o.server_errors).sum();
+            all.ratio_to_health = health
+                .as_ref()
+                .map(|hh| all.per_second / hh.per_second.max(1e-9));
+            all
         });
         let mut slow = rec.slow().to_vec();
         slow.truncate(1000);

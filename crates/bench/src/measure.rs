@@ -104,7 +104,6 @@ impl Recorder {
         self.ops
             .iter()
             .map(|(op, h)| {
-                let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
                 let statuses: BTreeMap<String, u64> = self
                     .statuses
                     .iter()
@@ -116,22 +115,10 @@ impl Recorder {
                     .filter(|(s, _)| s.starts_with('5'))
                     .map(|(_, n)| n)
                     .sum();
-                (
-                    op.clone(),
-                    OpStats {
-                        count: h.len(),
-                        per_second: h.len() as f64 / secs,
-                        mean_ms: h.mean() / 1000.0,
-                        p50_ms: ms(0.5),
-                        p90_ms: ms(0.9),
-                        p99_ms: ms(0.99),
-                        max_ms: h.max() as f64 / 1000.0,
-                        under_2s: h.count_between(0, 2_000_000) as f64 / h.len().max(1) as f64,
-                        statuses,
-                        server_errors,
-                        ratio_to_health: None,
-                    },
-                )
+                let mut stats = op_stats(h, secs);
+                stats.server_errors = server_errors;
+                stats.statuses = statuses;
+                (op.clone(), stats)
             })
             .collect()
     }
@@ -153,6 +140,24 @@ impl Recorder {
             all.add(h).ok()?;
         }
         Some(all)
+    }
+}
+
+/// Figures of a histogram of microseconds over a window of `secs` seconds.
+pub fn op_stats(h: &Histogram<u64>, secs: f64) -> OpStats {
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    OpStats {
+        count: h.len(),
+        per_second: h.len() as f64 / secs,
+        mean_ms: h.mean() / 1000.0,
+        p50_ms: ms(0.5),
+        p90_ms: ms(0.9),
+        p99_ms: ms(0.99),
+        max_ms: h.max() as f64 / 1000.0,
+        under_2s: h.count_between(0, 2_000_000) as f64 / h.len().max(1) as f64,
+        statuses: BTreeMap::new(),
+        server_errors: 0,
+        ratio_to_health: None,
     }
 }
 
