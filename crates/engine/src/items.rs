@@ -307,20 +307,19 @@ impl Engine {
                 "a link gives viewer or editor, never manager".into(),
             ));
         }
-        let a = self.retrying(|| self.access(caller, id, None)).await?;
-        self.require_role(&a, Role::Manager, "making links")?;
         let key = b64(&random_bytes::<24>());
-        let mut b = Batch::new();
-        // Guarded on the item's version: a link never outlives a delete.
-        b.put(schema::link_key(id, &key), schema::encode(&role), 1)
-            .guard(schema::item_key(id), Expect::Version(a.item.version));
-        match self.store().write(b).await {
-            Ok(()) => Ok(key),
-            Err(tarn_store::StoreError::GuardFailed { .. }) => Err(EngineError::Unavailable(
-                "the item changed meanwhile; try again".into(),
-            )),
-            Err(e) => Err(EngineError::from(e).settle()),
-        }
+        self.retrying(|| async {
+            let a = self.access(caller, id, None).await?;
+            self.require_role(&a, Role::Manager, "making links")?;
+            let mut b = Batch::new();
+            // Guarded on the item's version: a link never outlives a delete.
+            b.put(schema::link_key(id, &key), schema::encode(&role), 1)
+                .guard(schema::item_key(id), Expect::Version(a.item.version));
+            self.store().write(b).await?;
+            Ok(())
+        })
+        .await?;
+        Ok(key)
     }
 
     /// Removes a link key (managers).

@@ -295,6 +295,11 @@ impl Engine {
         };
         let session: SessionRow = schema::decode("session", &row)?;
         if session.expires_at <= self.now() {
+            // The first request that finds a session expired removes it.
+            let mut b = Batch::new();
+            b.delete(Key::new(SESSIONS, hash, Vec::new()))
+                .delete(Key::new(USER_SESSIONS, session.username.as_bytes(), hash));
+            self.store().write(b).await?;
             return Err(invalid());
         }
         let Some((user, _)) = self.read_user(&session.username).await? else {

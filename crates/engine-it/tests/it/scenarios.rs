@@ -49,15 +49,18 @@ async fn sessions_open_hold_and_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_expire() {
+    let store = Arc::new(MemoryStore::new());
     let e = tarn_engine::Engine::new(
-        Arc::new(tarn_store::memory::MemoryStore::new()),
+        store.clone(),
         tarn_engine::EngineConfig {
             session_ttl: std::time::Duration::from_millis(5),
             ..common::config()
         },
     );
     sign_up(&e, "alice").await;
+    let before = store.len();
     let (token, _) = e.sign_in("alice", "alice-password").await.unwrap();
+    assert_eq!(store.len(), before + 2, "a session is two rows");
     // The stepping clock moves 1 ms per reading.
     for _ in 0..10 {
         e.get_user("alice").await.unwrap();
