@@ -1,8 +1,31 @@
 //! A tiny blocking HTTP/1.1 client for tests: one request per connection.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+/// Starts `tarn` with these arguments and waits for its
+/// `tarn listening on http://ADDR` line; answers the process and address.
+pub fn spawn_serve(configure: impl FnOnce(&mut Command)) -> (Child, SocketAddr) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tarn"));
+    cmd.env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    configure(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("tarn listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .unwrap();
+    (child, addr)
+}
 
 pub struct Response {
     pub status: u16,

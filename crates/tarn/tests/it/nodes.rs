@@ -1,15 +1,12 @@
 //! Two `tarn serve` processes on one PostgreSQL database, one user session
 //! driven across both, alternating nodes on every request.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 
 use serde_json::json;
 
-use crate::http::call;
-
-const TARN: &str = env!("CARGO_BIN_EXE_tarn");
+use crate::http::{call, spawn_serve};
 
 struct Node {
     child: Child,
@@ -26,23 +23,11 @@ impl Drop for Node {
 }
 
 fn start(url: &str) -> Node {
-    let mut child = Command::new(TARN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--store", url])
-        .env("TARN_ADMIN_PASSWORD", "admin-password")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .trim_start_matches("tarn listening on http://")
-        .parse()
-        .unwrap_or_else(|_| panic!("{line:?}"));
+    let (child, addr) = spawn_serve(|c| {
+        c.args(["serve", "--listen", "127.0.0.1:0", "--store", url])
+            .env("TARN_ADMIN_PASSWORD", "admin-password")
+            .stderr(std::process::Stdio::inherit());
+    });
     Node { child, addr }
 }
 

@@ -1,14 +1,14 @@
 //! Runs `target/.../tarn` as a separate process.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::http::{call, connect, head, read_response};
+use crate::http::{call, connect, head, read_response, spawn_serve};
 
 const TARN: &str = env!("CARGO_BIN_EXE_tarn");
 
@@ -18,25 +18,11 @@ struct Server {
 }
 
 fn start(data: &Path) -> Server {
-    let mut child = Command::new(TARN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-        .arg(data)
-        .env("TARN_ADMIN_PASSWORD", "admin-password")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("tarn listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .parse()
-        .unwrap();
+    let (child, addr) = spawn_serve(|c| {
+        c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .env("TARN_ADMIN_PASSWORD", "admin-password");
+    });
     Server { child, addr }
 }
 
@@ -275,22 +261,9 @@ fn config_file_sets_what_flags_do_not() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(TARN)
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr: SocketAddr = line
-        .trim()
-        .trim_start_matches("tarn listening on http://")
-        .parse()
-        .unwrap();
+    let (mut child, addr) = spawn_serve(|c| {
+        c.args(["serve", "--config"]).arg(&config);
+    });
     let r = call(
         addr,
         "POST",
