@@ -146,4 +146,12 @@ impl Http {
         }
         Ok(r)
     }
+
+    /// Creates an item (any status but 201 is an error); answers its id.
+    pub async fn create_item(&self, token: &str, body: &Value) -> Result<String> {
+        let r = self
+            .expect(Method::POST, "/api/v1/items", Some(token), Some(body), 201)
+            .await?;
+        r.str("id").context("the new item's id")
+    }
 }

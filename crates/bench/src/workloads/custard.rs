@@ -163,16 +163,7 @@ pub async fn run(kit: &Kit) -> Result<WorkloadRun> {
             Box::pin(async move {
                 let body = json!({"kind": "bug", "properties": {"title": format!("bug {i}")},
                     "acl": [{"principal": "group:custard", "role": "manager"}]});
-                let r = http
-                    .expect(
-                        Method::POST,
-                        "/api/v1/items",
-                        Some(&owner),
-                        Some(&body),
-                        201,
-                    )
-                    .await?;
-                Ok(r.str("id").unwrap_or_default())
+                http.create_item(&owner, &body).await
             })
         })
         .await?,

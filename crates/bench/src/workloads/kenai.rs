@@ -358,12 +358,7 @@ async fn load(kit: &Kit, users: usize, projects: usize) -> Result<(Arc<Data>, Ve
                 let create = |kind: &str, props: Value, acl: Value| {
                     let http = http.clone();
                     let body = json!({"kind": kind, "properties": props, "acl": acl});
-                    async move {
-                        let r = http
-                            .expect(Method::POST, "/api/v1/items", Some(owner), Some(&body), 201)
-                            .await?;
-                        anyhow::Ok(r.str("id").unwrap_or_default())
-                    }
+                    async move { http.create_item(owner, &body).await }
                 };
                 create(
                     "project",
@@ -424,16 +419,7 @@ async fn load(kit: &Kit, users: usize, projects: usize) -> Result<(Arc<Data>, Ve
             Box::pin(async move {
                 let body = json!({"kind": "user-home", "properties": {"public": {"name": name(u)}},
                     "acl": [{"principal": "authenticated", "role": "viewer"}]});
-                let r = http
-                    .expect(
-                        Method::POST,
-                        "/api/v1/items",
-                        Some(&tokens[u]),
-                        Some(&body),
-                        201,
-                    )
-                    .await?;
-                Ok(r.str("id").unwrap_or_default())
+                http.create_item(&tokens[u], &body).await
             })
         })
         .await?;

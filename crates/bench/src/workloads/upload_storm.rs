@@ -151,16 +151,7 @@ pub async fn run(kit: &Kit) -> Result<WorkloadRun> {
                     json!([{"principal": format!("group:storm-g{}", i % GROUPS), "role": "viewer"}])
                 };
                 let body = json!({"kind": "doc", "properties": {"n": i}, "acl": acl});
-                let r = http
-                    .expect(
-                        Method::POST,
-                        "/api/v1/items",
-                        Some(&owner),
-                        Some(&body),
-                        201,
-                    )
-                    .await?;
-                Ok(r.str("id").unwrap_or_default())
+                http.create_item(&owner, &body).await
             })
         })
         .await?,

@@ -76,14 +76,7 @@ async fn grow(kit: &Kit, owner: &Arc<String>, from: usize, h: usize) -> Result<(
                     json!({"kind": "other", "properties": {"n": n},
                     "acl": [{"principal": "everyone", "role": "viewer"}]})
                 };
-                http.expect(
-                    Method::POST,
-                    "/api/v1/items",
-                    Some(&owner),
-                    Some(&body),
-                    201,
-                )
-                .await?;
+                http.create_item(&owner, &body).await?;
                 Ok(())
             })
         },
