@@ -1,24 +1,35 @@
 //! Item bodies, stored in chunks through the store contract and streamed in
 //! and out: a body is never whole in memory.
 //!
-//! An upload writes its chunks under a fresh blob id, then one atomic write
-//! points the item at the new blob; the old blob's chunks are removed after.
-//! Readers of the old version keep reading it until then.
+//! An upload writes its chunks under a fresh blob id as they fill (each
+//! chunk write is its own small transaction, so the store's writer is never
+//! held while bytes arrive), then one atomic write points the item at the
+//! new blob. Bytes are never removed at once: a replaced or deleted body's
+//! blob goes to the *graveyard* with a due time (`body_grace` later), so a
+//! download that started before the change reads to its end; a node's
+//! sweeper removes due blobs in bounded batches. An upload registers its
+//! blob in the graveyard when it starts (due a day later) and takes it out
+//! when it lands, so the bytes of an upload whose node stopped mid-way are
+//! removed too.
 
 use std::ops::Bound;
+use std::time::Duration;
 
 use sha2::Digest;
-use tarn_store::{Batch, Scan};
+use tarn_store::{Batch, Key, Scan, SnapshotExt};
 
 use crate::error::{EngineError, Result};
 use crate::items::check_version;
-use crate::schema::{self, BLOBS};
+use crate::schema::{self, BLOBS, GRAVEYARD};
 use crate::{b64, random_bytes, BodyMeta, Caller, Engine, ItemView, Role};
 
 /// Bytes per stored chunk.
 const CHUNK: usize = 256 * 1024;
 /// Chunks written per store write, and read per store read.
 const CHUNKS_PER_IO: usize = 4;
+/// How long an upload may take before its bytes are swept as abandoned.
+const UPLOAD_DEADLINE: Duration = Duration::from_secs(24 * 3600);
+const HOUR_MICROS: i64 = 3600 * 1_000_000;
 
 /// An upload in progress. Write the bytes with [`BodyUpload::write`], then
 /// [`BodyUpload::finish`]. Dropped unfinished, its chunks are removed.
@@ -28,6 +39,8 @@ pub struct BodyUpload {
     link: Option<String>,
     item_id: String,
     blob: String,
+    /// The upload's own graveyard entry, removed when it lands.
+    pending: Key,
     content_type: String,
     buf: Vec<u8>,
     next_chunk: u64,
@@ -45,13 +58,24 @@ pub struct BodyRange {
     pub end: u64,
 }
 
-/// Streams a body (or a range of it) in chunks.
+/// Streams a body (or a range of it) in chunks, each read in a snapshot of
+/// its own: a long download holds no transaction open.
 pub struct BodyReader {
     engine: Engine,
     blob: String,
     chunk: u64,
     pos: u64,
     end: u64,
+}
+
+/// The graveyard entry of `blob` due at `due` (microseconds).
+fn grave_key(blob: &str, due: i64) -> Key {
+    let hour = (due.max(0) / HOUR_MICROS) as u64;
+    let mut part = b"g".to_vec();
+    part.extend_from_slice(&hour.to_be_bytes());
+    let mut clus = due.max(0).to_be_bytes().to_vec();
+    clus.extend_from_slice(blob.as_bytes());
+    Key::new(GRAVEYARD, part, clus)
 }
 
 impl Engine {
@@ -65,17 +89,32 @@ impl Engine {
     ) -> Result<BodyUpload> {
         if content_type.is_empty() || content_type.len() > 255 {
             return Err(EngineError::InvalidInput(
-                "a body needs a Content-Type".into(),
+                "a body needs a Content-Type of at most 255 bytes".into(),
             ));
         }
-        let a = self.retrying(|| self.access(caller, id, link)).await?;
+        let a = self
+            .retrying(|| async {
+                let mut snap = self.snapshot().await?;
+                let (_, a, _, _) = self
+                    .read_item_for(&mut snap, caller, id, link, false, &[], &[])
+                    .await?;
+                Ok(a)
+            })
+            .await?;
         self.require_role(&a, Role::Editor, "uploading a body")?;
+        let blob = b64(&random_bytes::<16>());
+        let pending = grave_key(&blob, self.now() + UPLOAD_DEADLINE.as_micros() as i64);
+        let mut b = Batch::new();
+        b.put(pending.clone(), blob.as_bytes().to_vec(), 1);
+        self.retrying(|| async { Ok(self.store().write(b.clone()).await?) })
+            .await?;
         Ok(BodyUpload {
             engine: self.clone(),
             caller: caller.clone(),
             link: link.map(str::to_string),
             item_id: id.to_string(),
-            blob: b64(&random_bytes::<16>()),
+            blob,
+            pending,
             content_type: content_type.to_string(),
             buf: Vec::with_capacity(CHUNK * CHUNKS_PER_IO),
             next_chunk: 0,
@@ -104,22 +143,87 @@ impl Engine {
         Ok((view, reader))
     }
 
+    /// Adds to `b` the burial of a blob: its bytes go once the grace is over.
+    pub(crate) fn bury_blob(&self, b: &mut Batch, blob: &str) {
+        let due = self.now() + self.config().body_grace.as_micros() as i64;
+        b.put(grave_key(blob, due), blob.as_bytes().to_vec(), 1);
+    }
+
     /// Removes a blob's chunks in bounded batches.
-    pub(crate) async fn delete_blob(&self, blob: &str) -> Result<()> {
+    async fn delete_blob(&self, blob: &str) -> Result<()> {
         loop {
             let rows = self
-                .store()
-                .scan(Scan::partition(BLOBS, blob.as_bytes().to_vec(), 64))
+                .snapshot()
+                .await?
+                .scan(&Scan::partition(BLOBS, blob.as_bytes().to_vec(), 64))
                 .await?;
             if rows.is_empty() {
                 return Ok(());
             }
             let mut b = Batch::new();
             for r in rows {
-                b.delete(tarn_store::Key::new(BLOBS, blob.as_bytes(), r.clustering));
+                b.delete(Key::new(BLOBS, blob.as_bytes(), r.clustering));
             }
             self.store().write(b).await?;
         }
+    }
+
+    /// Starts this node's sweeper of due graveyard entries.
+    pub(crate) fn resume_sweeps(&self) {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let mut hour = engine.now() / HOUR_MICROS - 48;
+            loop {
+                match engine.sweep_from(hour).await {
+                    Ok(next) => hour = next,
+                    Err(e) => tracing::warn!(error = %e, "the body sweeper will try again"),
+                }
+                tokio::time::sleep(engine.config().sweep_every).await;
+            }
+        });
+    }
+
+    /// Removes every blob due by now whose entry lies in `hour` or later;
+    /// answers the first hour that may still hold entries not yet due.
+    pub async fn sweep_from(&self, hour: i64) -> Result<i64> {
+        let now = self.now();
+        let now_hour = now / HOUR_MICROS;
+        let mut hour = hour.max(0);
+        while hour <= now_hour {
+            let mut part = b"g".to_vec();
+            part.extend_from_slice(&(hour as u64).to_be_bytes());
+            loop {
+                let due = self
+                    .retrying(|| async {
+                        Ok(self
+                            .snapshot()
+                            .await?
+                            .scan(&Scan::partition(GRAVEYARD, part.clone(), 64).bounds(
+                                Bound::Unbounded,
+                                Bound::Excluded(now.to_be_bytes().to_vec()),
+                            ))
+                            .await?)
+                    })
+                    .await?;
+                if due.is_empty() {
+                    break;
+                }
+                for row in due {
+                    let blob = String::from_utf8(row.value.clone())
+                        .map_err(|e| crate::error::corrupt("graveyard entry", e))?;
+                    self.retrying(|| self.delete_blob(&blob)).await?;
+                    let mut b = Batch::new();
+                    b.delete(Key::new(GRAVEYARD, part.clone(), row.clustering.clone()));
+                    self.retrying(|| async { Ok(self.store().write(b.clone()).await?) })
+                        .await?;
+                }
+            }
+            if hour == now_hour {
+                break;
+            }
+            hour += 1;
+        }
+        Ok(now_hour)
     }
 }
 
@@ -161,11 +265,10 @@ impl BodyUpload {
             self.next_chunk += 1;
         }
         self.buf.drain(..full);
-        self.engine
-            .store()
-            .write(b)
+        let engine = &self.engine;
+        engine
+            .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
             .await
-            .map_err(|e| EngineError::from(e).settle())
     }
 
     /// Stores the last bytes and points the item at the new body, if the
@@ -180,54 +283,67 @@ impl BodyUpload {
             chunk: CHUNK as u32,
         };
         let engine = self.engine.clone();
-        let (view, old) = engine
+        let view = engine
             .retrying(|| async {
-                let defs = engine.index_defs().await?;
-                let a = engine
-                    .access(&self.caller, &self.item_id, self.link.as_deref())
+                let mut snap = engine.snapshot().await?;
+                let (_, a, defs, _) = engine
+                    .read_item_for(
+                        &mut snap,
+                        &self.caller,
+                        &self.item_id,
+                        self.link.as_deref(),
+                        true,
+                        &[],
+                        &[],
+                    )
                     .await?;
+                drop(snap);
+                let defs = defs.expect("asked for");
                 engine.require_role(&a, Role::Editor, "uploading a body")?;
                 check_version(&a.item, if_match)?;
                 let mut after = a.item.clone();
                 after.body = Some(meta.clone());
                 after.version += 1;
                 after.modified_at = engine.now().max(a.item.modified_at + 1);
-                engine
-                    .write_item(&defs, Some(&a.item), Some(&after), Batch::new())
-                    .await?;
-                Ok((
-                    ItemView {
-                        item: after,
-                        role: a.role,
-                    },
-                    a.item.body,
-                ))
+                let mut b = Batch::new();
+                b.delete(self.pending.clone());
+                if let Some(old) = &a.item.body {
+                    engine.bury_blob(&mut b, &old.blob);
+                }
+                engine.update_item(&mut b, &defs, &a, Some(&after));
+                engine.store().write(b).await?;
+                Ok(ItemView {
+                    item: after,
+                    role: a.role,
+                })
             })
             .await?;
         self.done = true;
-        if let Some(old) = old {
-            // The new body is in place; old chunks that cannot be removed
-            // now are only unreachable space.
-            if let Err(e) = engine.delete_blob(&old.blob).await {
-                tracing::error!(blob = %old.blob, error = %e, "old body chunks left behind");
-            }
-        }
         Ok(view)
     }
 }
 
 impl Drop for BodyUpload {
     fn drop(&mut self) {
-        if self.done || self.next_chunk == 0 {
+        if self.done {
             return;
         }
-        // Unfinished (error, client gone): remove what was written.
+        // Unfinished (error, client gone): remove what was written now; the
+        // graveyard entry stays for the sweeper if this fails.
         let engine = self.engine.clone();
         let blob = std::mem::take(&mut self.blob);
+        let pending = self.pending.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = engine.delete_blob(&blob).await {
-                    tracing::warn!(blob = %blob, error = %e, "could not remove an abandoned upload");
+                let removed = async {
+                    engine.retrying(|| engine.delete_blob(&blob)).await?;
+                    let mut b = Batch::new();
+                    b.delete(pending);
+                    engine.store().write(b).await?;
+                    Ok::<_, EngineError>(())
+                };
+                if let Err(e) = removed.await {
+                    tracing::warn!(blob = %blob, error = %e, "an abandoned upload waits for the sweeper");
                 }
             });
         }
@@ -247,17 +363,14 @@ impl BodyReader {
             return Ok(None);
         }
         let first = self.pos / self.chunk;
-        let rows = self
-            .engine
-            .store()
-            .scan(
-                Scan::partition(BLOBS, self.blob.as_bytes().to_vec(), CHUNKS_PER_IO).bounds(
-                    Bound::Included(first.to_be_bytes().to_vec()),
-                    Bound::Unbounded,
-                ),
-            )
-            .await
-            .map_err(|e| EngineError::from(e).settle())?;
+        let engine = &self.engine;
+        let scan = Scan::partition(BLOBS, self.blob.as_bytes().to_vec(), CHUNKS_PER_IO).bounds(
+            Bound::Included(first.to_be_bytes().to_vec()),
+            Bound::Unbounded,
+        );
+        let rows = engine
+            .retrying(|| async { Ok(engine.snapshot().await?.scan(&scan).await?) })
+            .await?;
         let mut out = Vec::with_capacity(CHUNK * rows.len());
         for (expect, row) in (first..).zip(rows) {
             let n = u64::from_be_bytes(

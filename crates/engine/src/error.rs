@@ -43,9 +43,14 @@ pub enum EngineError {
     /// Over a size limit.
     #[error("{0}")]
     TooLarge(String),
-    /// Too many attempts for one operation.
-    #[error("{0}")]
-    RateLimited(String),
+    /// Too many attempts; try again after `retry_after` seconds.
+    #[error("{detail}")]
+    RateLimited {
+        /// What was limited.
+        detail: String,
+        /// Seconds to wait.
+        retry_after: u64,
+    },
     /// The store could not serve, even after retries; try again later.
     #[error("temporarily unavailable: {0}")]
     Unavailable(String),
@@ -69,15 +74,16 @@ impl EngineError {
         }
     }
 
-    /// What a store error becomes once retries are over.
+    /// What a store error becomes once retries are over: every store
+    /// failure is `Unavailable` (answered 503 with `Retry-After`), but a
+    /// request the store refuses as malformed, which is the caller's input.
     pub(crate) fn settle(self) -> EngineError {
         match self {
             EngineError::Store(StoreError::Invalid(m)) => EngineError::InvalidInput(m),
-            EngineError::Store(e) if e.is_retryable() => EngineError::Unavailable(e.to_string()),
             EngineError::Store(StoreError::GuardFailed { .. }) => {
                 EngineError::Unavailable("too many concurrent changes; try again".into())
             }
-            EngineError::Store(e) => EngineError::Internal(e.to_string()),
+            EngineError::Store(e) => EngineError::Unavailable(e.to_string()),
             other => other,
         }
     }

@@ -1,20 +1,27 @@
-//! Groups: members, managers, nesting, and a caller's effective principals.
+//! Groups: members, managers and nesting.
+//!
+//! Limits are enforced where memberships are written, never where they are
+//! read: a membership that would put a user in more than
+//! [`MAX_GROUPS`](crate::actor::MAX_GROUPS) groups, or nest groups deeper
+//! than [`MAX_DEPTH`](crate::actor::MAX_DEPTH) levels, is refused; leaving a
+//! group is always allowed; and a user creates at most
+//! [`EngineConfig::groups_per_hour`](crate::EngineConfig) groups an hour. So
+//! nobody can make another person's requests fail by adding them to groups.
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
 
 use serde_json::{Map, Value};
-use tarn_store::{Batch, Expect, Key, Scan};
+use tarn_store::{Batch, Expect, Key, Scan, Snapshot, SnapshotExt};
 
+use crate::actor::{Actor, MAX_DEPTH, MAX_GROUPS};
 use crate::error::{EngineError, Result};
 use crate::model::check_name;
-use crate::schema::{self, MEMBERS, MEMBERSHIPS};
+use crate::schema::{self, MEMBERS, MEMBERSHIPS, THROTTLE};
 use crate::{b64, unb64, Caller, Engine, Group, Principal};
 
-/// Deepest nesting followed when computing a caller's groups.
-pub(crate) const MAX_DEPTH: usize = 32;
-/// Most groups one caller may belong to, nesting included.
-pub(crate) const MAX_GROUPS: usize = 1000;
+/// Most groups nested below one group that a nesting change examines.
+const MAX_NESTED_BELOW: usize = 1000;
 
 /// One page of a group's members.
 #[derive(Clone, Debug)]
@@ -25,65 +32,46 @@ pub struct MemberPage {
     pub next: Option<String>,
 }
 
+fn decode_group(row: &Option<tarn_store::Row>) -> Result<Option<(Group, u64)>> {
+    match row {
+        Some(r) => Ok(Some((schema::decode("group", r)?, r.version))),
+        None => Ok(None),
+    }
+}
+
+fn no_group(id: &str) -> EngineError {
+    EngineError::NotFound(format!("no group {id}"))
+}
+
+fn member_key(group: &str, member: &str) -> Key {
+    Key::new(MEMBERS, group.as_bytes(), member.as_bytes())
+}
+
+fn membership_key(member: &str, group: &str) -> Key {
+    Key::new(MEMBERSHIPS, member.as_bytes(), group.as_bytes())
+}
+
+fn manages(actor: &Actor, group: &Group) -> bool {
+    actor.admin || group.managers.iter().any(|m| actor.principals.contains(m))
+}
+
 impl Engine {
-    /// The caller's effective principals: their user, `authenticated`,
-    /// `everyone`, and every group they belong to directly or through
-    /// nesting. Read from the store on every call; one batch of partition
-    /// reads per nesting level, bounded in depth and size.
-    pub async fn principals(&self, caller: &Caller) -> Result<Vec<Principal>> {
-        let Some(username) = caller.username() else {
-            return Ok(vec![Principal::Everyone]);
-        };
-        let me = Principal::User(username.to_string());
-        let groups = self.closure(&me).await?;
-        let mut out = vec![me, Principal::Authenticated, Principal::Everyone];
-        out.extend(groups.into_iter().map(Principal::Group));
-        Ok(out)
-    }
-
-    /// Every group that contains `start`, directly or through nesting.
-    async fn closure(&self, start: &Principal) -> Result<BTreeSet<String>> {
-        let mut seen = BTreeSet::new();
-        let mut frontier = vec![start.to_string()];
-        for _ in 0..MAX_DEPTH {
-            if frontier.is_empty() {
-                return Ok(seen);
-            }
-            let scans = frontier
-                .iter()
-                .map(|p| Scan::partition(MEMBERSHIPS, p.as_bytes().to_vec(), MAX_GROUPS + 1))
-                .collect();
-            let mut next = Vec::new();
-            for rows in self.store().scan_many(scans).await? {
-                for row in rows {
-                    let g = String::from_utf8(row.clustering)
-                        .map_err(|e| crate::error::corrupt("membership", e))?;
-                    if seen.insert(g.clone()) {
-                        next.push(format!("group:{g}"));
-                    }
-                }
-            }
-            if seen.len() > MAX_GROUPS {
-                return Err(EngineError::Conflict(format!(
-                    "{start} belongs to more than {MAX_GROUPS} groups"
-                )));
-            }
-            frontier = next;
+    /// The caller and a group, read together; the group must exist.
+    async fn actor_and_group(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<(Actor, Group, u64)> {
+        if !crate::is_valid_name(id) {
+            return Err(no_group(id));
         }
-        if frontier.is_empty() {
-            Ok(seen)
-        } else {
-            Err(EngineError::Conflict(format!(
-                "groups of {start} nest deeper than {MAX_DEPTH} levels"
-            )))
-        }
-    }
-
-    pub(crate) async fn read_group(&self, id: &str) -> Result<Option<(Group, u64)>> {
-        match self.store().get(schema::group_key(id)).await? {
-            Some(row) => Ok(Some((schema::decode("group", &row)?, row.version))),
-            None => Ok(None),
-        }
+        let (actor, own) = self
+            .resolve(snap, caller, &[schema::group_key(id)], &[])
+            .await?;
+        actor.require_user()?;
+        let (group, version) = decode_group(&own.rows[0])?.ok_or_else(|| no_group(id))?;
+        Ok((actor, group, version))
     }
 
     /// Creates a group; its creator becomes its manager.
@@ -94,16 +82,31 @@ impl Engine {
         title: Option<String>,
         properties: Map<String, Value>,
     ) -> Result<Group> {
-        let username = caller.require_user()?;
         check_name("group id", id)?;
         self.check_properties(&properties)?;
+        let title = title.unwrap_or_default();
+        if title.len() > 1024 {
+            return Err(EngineError::InvalidInput(
+                "a group title has at most 1024 bytes".into(),
+            ));
+        }
+        let actor = self
+            .retrying(|| async {
+                let mut snap = self.snapshot().await?;
+                Ok(self.resolve(&mut snap, caller, &[], &[]).await?.0)
+            })
+            .await?;
+        let username = actor.require_user()?.to_string();
+        if !actor.admin {
+            self.count_group_creation(&username).await?;
+        }
         let group = Group {
             id: id.to_string(),
-            title: title.unwrap_or_default(),
+            title,
             properties,
-            managers: vec![Principal::User(username.to_string())],
+            managers: vec![Principal::User(username.clone())],
             created_at: self.now(),
-            created_by: username.to_string(),
+            created_by: username,
         };
         let key = schema::group_key(id);
         let mut b = Batch::new();
@@ -118,113 +121,242 @@ impl Engine {
         }
     }
 
-    /// A group (signed-in callers).
-    pub async fn get_group(&self, caller: &Caller, id: &str) -> Result<Group> {
-        caller.require_user()?;
-        self.read_group(id)
-            .await?
-            .map(|(g, _)| g)
-            .ok_or_else(|| EngineError::NotFound(format!("no group {id}")))
-    }
-
-    /// The group, if the caller may manage it.
-    async fn managed_group(&self, caller: &Caller, id: &str) -> Result<(Group, u64)> {
-        caller.require_user()?;
-        let (group, version) = self
-            .read_group(id)
-            .await?
-            .ok_or_else(|| EngineError::NotFound(format!("no group {id}")))?;
-        if !caller.is_admin() {
-            let mine = self.principals(caller).await?;
-            if !group.managers.iter().any(|m| mine.contains(m)) {
-                return Err(EngineError::Forbidden(format!(
-                    "only a manager of {id} may change it"
-                )));
-            }
-        }
-        Ok((group, version))
-    }
-
-    /// Checks that a user or group exists.
-    pub(crate) async fn check_principal_exists(&self, p: &Principal) -> Result<()> {
-        let exists = match p {
-            Principal::User(u) => self.read_user(u).await?.is_some(),
-            Principal::Group(g) => self.read_group(g).await?.is_some(),
-            Principal::Authenticated | Principal::Everyone => true,
-        };
-        if exists {
-            Ok(())
-        } else {
-            Err(EngineError::NotFound(format!("no such principal {p}")))
-        }
-    }
-
-    /// Adds a user or a group to a group. Refuses a membership that would
-    /// make a cycle.
-    pub async fn add_member(&self, caller: &Caller, id: &str, member: &Principal) -> Result<()> {
-        self.managed_group(caller, id).await?;
-        match member {
-            Principal::User(_) => {}
-            Principal::Group(g) if g == id => {
-                return Err(EngineError::Conflict(
-                    "a group cannot contain itself".into(),
-                ))
-            }
-            Principal::Group(_) => {}
-            _ => {
-                return Err(EngineError::InvalidInput(
-                    "only users and groups can be members".into(),
-                ))
-            }
-        }
-        self.check_principal_exists(member).await?;
+    /// Counts one group creation in the user's hourly window; refuses past
+    /// the limit.
+    async fn count_group_creation(&self, username: &str) -> Result<()> {
+        const HOUR: i64 = 3600 * 1_000_000;
+        let limit = self.config().groups_per_hour;
+        let key = Key::new(
+            THROTTLE,
+            format!("groups:{username}").into_bytes(),
+            b"w".to_vec(),
+        );
         self.retrying(|| async {
-            let mut b = Batch::new();
-            if let Principal::Group(child) = member {
-                // Nesting changes are serialised on one row, so two
-                // concurrent changes cannot close a cycle together.
-                let graph = self.store().get(schema::graph_key()).await?;
-                let ancestors = self.closure(&Principal::Group(id.to_string())).await?;
-                if ancestors.contains(child) {
-                    return Err(EngineError::Conflict(format!(
-                        "{member} already contains {id}: the membership would make a cycle"
-                    )));
+            let now = self.now();
+            let row = self.snapshot().await?.get(&key).await?;
+            let (start, count, expect, version) = match &row {
+                Some(r) => {
+                    let (start, count): (i64, u32) = schema::decode("group window", r)?;
+                    (start, count, Expect::Version(r.version), r.version + 1)
                 }
-                let (expect, version) = match graph {
-                    Some(r) => (Expect::Version(r.version), r.version + 1),
-                    None => (Expect::Absent, 1),
-                };
-                b.put(schema::graph_key(), Vec::new(), version)
-                    .guard(schema::graph_key(), expect);
+                None => (now, 0, Expect::Absent, 1),
+            };
+            let (start, count) = if now - start >= HOUR {
+                (now, 0)
+            } else {
+                (start, count)
+            };
+            if count >= limit {
+                let secs = ((start + HOUR - now) / 1_000_000 + 1).max(1) as u64;
+                return Err(EngineError::RateLimited {
+                    detail: format!("at most {limit} new groups an hour; try again in {secs} s"),
+                    retry_after: secs,
+                });
             }
-            let m = member.to_string();
-            b.put(
-                Key::new(MEMBERS, id.as_bytes(), m.as_bytes()),
-                Vec::new(),
-                1,
-            )
-            .put(
-                Key::new(MEMBERSHIPS, m.as_bytes(), id.as_bytes()),
-                Vec::new(),
-                1,
-            );
+            let mut b = Batch::new();
+            b.put(key.clone(), schema::encode(&(start, count + 1)), version)
+                .guard(key.clone(), expect);
             self.store().write(b).await?;
             Ok(())
         })
         .await
     }
 
-    /// Removes a member; removing a non-member is not an error.
+    /// A group (signed-in callers).
+    pub async fn get_group(&self, caller: &Caller, id: &str) -> Result<Group> {
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            let (_, group, _) = self.actor_and_group(&mut snap, caller, id).await?;
+            Ok(group)
+        })
+        .await
+    }
+
+    /// How many levels of groups lie below `group` (0: no nested group), or
+    /// a refusal when there are too many to examine.
+    async fn depth_below(&self, snap: &mut Box<dyn Snapshot>, group: &str) -> Result<usize> {
+        let mut level = vec![group.to_string()];
+        let mut seen = BTreeSet::new();
+        let mut depth = 0;
+        while !level.is_empty() {
+            if depth > MAX_DEPTH {
+                break;
+            }
+            // Members are ordered by principal: `group:` sorts before
+            // `user:`, so the nested groups come first and alone.
+            let scans: Vec<Scan> = level
+                .iter()
+                .map(|g| {
+                    Scan::partition(MEMBERS, g.as_bytes().to_vec(), 64).bounds(
+                        Bound::Included(b"group:".to_vec()),
+                        Bound::Excluded(b"group;".to_vec()),
+                    )
+                })
+                .collect();
+            let mut next = Vec::new();
+            for chunk in scans.chunks(tarn_store::MAX_READ_ROWS / 64) {
+                for rows in snap.scan_many(chunk).await? {
+                    if rows.len() >= 64 {
+                        return Err(too_many_below(group));
+                    }
+                    for r in rows {
+                        let p = std::str::from_utf8(&r.clustering)
+                            .map_err(|e| crate::error::corrupt("member", e))?;
+                        if let Some(g) = p.strip_prefix("group:") {
+                            if seen.insert(g.to_string()) {
+                                next.push(g.to_string());
+                            }
+                        }
+                    }
+                }
+            }
+            if seen.len() > MAX_NESTED_BELOW {
+                return Err(too_many_below(group));
+            }
+            if !next.is_empty() {
+                depth += 1;
+            }
+            level = next;
+        }
+        Ok(depth)
+    }
+
+    /// Adds a user or a group to a group (its managers and administrators).
+    /// Refuses a membership that would make a cycle, nest groups too deep,
+    /// or put anyone in more than [`MAX_GROUPS`] groups.
+    pub async fn add_member(&self, caller: &Caller, id: &str, member: &Principal) -> Result<()> {
+        match member {
+            Principal::User(_) | Principal::Group(_) => {}
+            _ => {
+                return Err(EngineError::InvalidInput(
+                    "only users and groups can be members".into(),
+                ))
+            }
+        }
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            let member_row = match member {
+                Principal::User(u) => schema::user_key(u),
+                Principal::Group(g) => schema::group_key(g),
+                _ => unreachable!("checked above"),
+            };
+            let (actor, own) = self
+                .resolve(
+                    &mut snap,
+                    caller,
+                    &[schema::group_key(id), member_row, schema::graph_key()],
+                    &[],
+                )
+                .await?;
+            actor.require_user()?;
+            let (group, _) = decode_group(&own.rows[0])?.ok_or_else(|| no_group(id))?;
+            if !manages(&actor, &group) {
+                return Err(EngineError::Forbidden(format!(
+                    "only a manager of {id} may change it"
+                )));
+            }
+            if member == &Principal::Group(id.to_string()) {
+                return Err(EngineError::Conflict(
+                    "a group cannot contain itself".into(),
+                ));
+            }
+            if own.rows[1].is_none() {
+                return Err(EngineError::NotFound(format!("no such principal {member}")));
+            }
+            let above = self.groups_of(&mut snap, &Principal::Group(id.to_string())).await?;
+            let mine = self.groups_of(&mut snap, member).await?;
+            if above.truncated || mine.truncated {
+                return Err(EngineError::Conflict(format!(
+                    "{member} or {id} already belongs to the most groups allowed"
+                )));
+            }
+            let mut after: BTreeSet<&str> = mine.found.iter().map(String::as_str).collect();
+            after.insert(id);
+            after.extend(above.found.iter().map(String::as_str));
+            let mut b = Batch::new();
+            if let Principal::Group(child) = member {
+                if above.found.iter().any(|g| g == child) {
+                    return Err(EngineError::Conflict(format!(
+                        "{member} already contains {id}: the membership would make a cycle"
+                    )));
+                }
+                if after.len() + 1 > MAX_GROUPS {
+                    return Err(EngineError::Conflict(format!(
+                        "members of {member} would belong to {} groups; at most {MAX_GROUPS}",
+                        after.len() + 1
+                    )));
+                }
+                let below = self.depth_below(&mut snap, child).await?;
+                let up = self.depth_above(&mut snap, id).await?;
+                // A user in the deepest group below `child` walks
+                // below + 1 (child) + 1 (id) + up levels.
+                if below + up + 2 > MAX_DEPTH {
+                    return Err(EngineError::Conflict(format!(
+                        "groups would nest {} levels deep; at most {MAX_DEPTH}",
+                        below + up + 2
+                    )));
+                }
+                // Nesting changes are serialised on one row, so two
+                // concurrent changes cannot close a cycle together. They
+                // are rare: adding users does not take it.
+                let (expect, version) = match &own.rows[2] {
+                    Some(r) => (Expect::Version(r.version), r.version + 1),
+                    None => (Expect::Absent, 1),
+                };
+                b.put(schema::graph_key(), schema::MARK.to_vec(), version)
+                    .guard(schema::graph_key(), expect);
+            } else if after.len() > MAX_GROUPS {
+                return Err(EngineError::Conflict(format!(
+                    "{member} would belong to {} groups; at most {MAX_GROUPS}",
+                    after.len()
+                )));
+            }
+            drop(snap);
+            let m = member.to_string();
+            b.put(member_key(id, &m), schema::MARK.to_vec(), 1)
+                .put(membership_key(&m, id), schema::MARK.to_vec(), 1);
+            self.store().write(b).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// How many levels of groups lie above `group` (0: it is in no group).
+    async fn depth_above(&self, snap: &mut Box<dyn Snapshot>, group: &str) -> Result<usize> {
+        let mut walk = crate::actor::Walk::from(&Principal::Group(group.to_string()));
+        let mut depth = 0;
+        while !walk.done() {
+            let before = walk.found.len();
+            let out = snap.read(&[], &walk.scans()).await?;
+            walk.absorb(&out.scans)?;
+            if walk.found.len() > before {
+                depth += 1;
+            }
+        }
+        Ok(depth)
+    }
+
+    /// Removes a member (managers and administrators); any user may remove
+    /// themselves: leaving a group is always allowed. Removing a non-member
+    /// is not an error.
     pub async fn remove_member(&self, caller: &Caller, id: &str, member: &Principal) -> Result<()> {
-        self.managed_group(caller, id).await?;
-        let m = member.to_string();
-        let mut b = Batch::new();
-        b.delete(Key::new(MEMBERS, id.as_bytes(), m.as_bytes()))
-            .delete(Key::new(MEMBERSHIPS, m.as_bytes(), id.as_bytes()));
-        self.store()
-            .write(b)
-            .await
-            .map_err(|e| EngineError::from(e).settle())
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            let (actor, group, _) = self.actor_and_group(&mut snap, caller, id).await?;
+            let leaving = matches!(member, Principal::User(u) if Some(u.as_str()) == actor.username.as_deref());
+            if !leaving && !manages(&actor, &group) {
+                return Err(EngineError::Forbidden(format!(
+                    "only a manager of {id} may change it"
+                )));
+            }
+            drop(snap);
+            let m = member.to_string();
+            let mut b = Batch::new();
+            b.delete(member_key(id, &m)).delete(membership_key(&m, id));
+            self.store().write(b).await?;
+            Ok(())
+        })
+        .await
     }
 
     /// A page of a group's direct members, in principal order.
@@ -235,22 +367,27 @@ impl Engine {
         limit: usize,
         cursor: Option<&str>,
     ) -> Result<MemberPage> {
-        self.get_group(caller, id).await?;
         crate::listing::check_limit(limit)?;
         let lower = match cursor {
             None => Bound::Unbounded,
             Some(c) => Bound::Excluded(
-                unb64(c).ok_or_else(|| EngineError::InvalidInput("bad cursor".into()))?,
+                unb64(c)
+                    .filter(|c| !c.is_empty() && c.len() <= 200)
+                    .ok_or_else(|| EngineError::InvalidInput("bad cursor".into()))?,
             ),
         };
         let rows = self
-            .store()
-            .scan(
-                Scan::partition(MEMBERS, id.as_bytes().to_vec(), limit + 1)
-                    .bounds(lower, Bound::Unbounded),
-            )
-            .await
-            .map_err(|e| EngineError::from(e).settle())?;
+            .retrying(|| async {
+                let mut snap = self.snapshot().await?;
+                self.actor_and_group(&mut snap, caller, id).await?;
+                Ok(snap
+                    .scan(
+                        &Scan::partition(MEMBERS, id.as_bytes().to_vec(), limit + 1)
+                            .bounds(lower.clone(), Bound::Unbounded),
+                    )
+                    .await?)
+            })
+            .await?;
         let more = rows.len() > limit;
         let mut members = Vec::with_capacity(limit);
         let mut last = None;
@@ -273,13 +410,16 @@ impl Engine {
         id: &str,
         manager: &Principal,
     ) -> Result<Group> {
-        if !matches!(manager, Principal::User(_) | Principal::Group(_)) {
-            return Err(EngineError::InvalidInput(
-                "managers are users or groups".into(),
-            ));
-        }
-        self.check_principal_exists(manager).await?;
-        self.change_managers(caller, id, |m| {
+        let exists = match manager {
+            Principal::User(u) => schema::user_key(u),
+            Principal::Group(g) => schema::group_key(g),
+            _ => {
+                return Err(EngineError::InvalidInput(
+                    "managers are users or groups".into(),
+                ))
+            }
+        };
+        self.change_managers(caller, id, Some(exists), |m| {
             if !m.contains(manager) {
                 m.push(manager.clone());
             }
@@ -294,7 +434,7 @@ impl Engine {
         id: &str,
         manager: &Principal,
     ) -> Result<Group> {
-        self.change_managers(caller, id, |m| m.retain(|p| p != manager))
+        self.change_managers(caller, id, None, |m| m.retain(|p| p != manager))
             .await
     }
 
@@ -302,14 +442,37 @@ impl Engine {
         &self,
         caller: &Caller,
         id: &str,
+        must_exist: Option<Key>,
         change: impl Fn(&mut Vec<Principal>),
     ) -> Result<Group> {
+        if !crate::is_valid_name(id) {
+            return Err(no_group(id));
+        }
         self.retrying(|| async {
-            let (mut group, version) = self.managed_group(caller, id).await?;
+            let mut snap = self.snapshot().await?;
+            let mut gets = vec![schema::group_key(id)];
+            gets.extend(must_exist.clone());
+            let (actor, own) = self.resolve(&mut snap, caller, &gets, &[]).await?;
+            drop(snap);
+            actor.require_user()?;
+            let (mut group, version) = decode_group(&own.rows[0])?.ok_or_else(|| no_group(id))?;
+            if !manages(&actor, &group) {
+                return Err(EngineError::Forbidden(format!(
+                    "only a manager of {id} may change it"
+                )));
+            }
+            if must_exist.is_some() && own.rows[1].is_none() {
+                return Err(EngineError::NotFound("no such principal".into()));
+            }
             change(&mut group.managers);
             if group.managers.is_empty() {
                 return Err(EngineError::Conflict(
                     "a group keeps at least one manager".into(),
+                ));
+            }
+            if group.managers.len() > 256 {
+                return Err(EngineError::Conflict(
+                    "a group has at most 256 managers".into(),
                 ));
             }
             let key = schema::group_key(id);
@@ -321,4 +484,10 @@ impl Engine {
         })
         .await
     }
+}
+
+fn too_many_below(group: &str) -> EngineError {
+    EngineError::Conflict(format!(
+        "too many groups are nested below {group} to nest it further"
+    ))
 }

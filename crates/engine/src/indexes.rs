@@ -5,30 +5,56 @@
 //! index holds one row:
 //!
 //! ```text
-//! partition  = (index name, principal, where-values...)
+//! partition  = (index uid, principal, [bucket], where-values...)
 //! clustering = (sort-values..., item id)
 //! ```
 //!
 //! encoded with [`keys`](crate::keys) so that byte order is value order.
-//! Writes compute an item's rows before and after and apply the difference in
-//! the same atomic write as the item.
+//! `everyone` and `authenticated` partitions are split in the store's
+//! buckets (one on SQLite and PostgreSQL), so none grows without bound on a
+//! distributed store; a listing merges them like any other partitions.
+//! Writes compute an item's rows before and after and apply the difference
+//! in the same atomic write as the item.
+//!
+//! # Declaring while writes run, correct by construction
+//!
+//! The declarations have a version (a row of their own, bumped by every
+//! change). Each item row carries the version its index rows follow (its
+//! *stamp*); each bucket of a kind carries a stamp row. A new index of kind
+//! K becomes `building` at version V; its build then
+//!
+//! 1. raises the stamp row of every bucket of K to at least V,
+//! 2. reads every item of K in bounded batches and rewrites each whose
+//!    stamp is below V with the rows of every live index (guarded on the
+//!    item's revision, many writes in flight),
+//! 3. marks the index `ready`.
+//!
+//! A write computed with declarations older than V cannot land afterwards:
+//! an update is guarded on the item's revision, which step 2 advances; a
+//! create is guarded on its bucket's stamp row, which step 1 advances. So
+//! the guarantee travels with the write and is checked where it commits; no
+//! clock is involved. A dropped index's rows are removed in the background
+//! and its uid is never reused, so a row a late writer leaves behind is
+//! never read.
 //!
 //! Built-in indexes cover every kind and need no declaration: `_kind`
 //! (`where kind`, sort `modifiedAt`), `_mine` (`where createdBy`) and
 //! `_mine_kind` (`where kind, createdBy`), both sorted by `modifiedAt`.
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::ops::Bound;
-use std::time::Instant;
+use std::sync::Arc;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::{Deserialize, Serialize};
-use tarn_store::{Batch, Expect, Key, Scan};
+use tarn_store::{Batch, Expect, Key, Row, Scan, Snapshot, SnapshotExt};
 
 use crate::error::{EngineError, Result};
-use crate::keys::{encode_str, encode_value, Order};
+use crate::keys::{encode_str, encode_value, encode_where, Order};
 use crate::model::check_name;
-use crate::schema::{self, INDEX, INDEX_DEFS, KINDS};
-use crate::{Caller, Engine, Item, Principal};
+use crate::schema::{self, ItemRow, INDEX, INDEX_DEFS, KINDS, KIND_BUCKETS};
+use crate::{b64, random_bytes, Caller, Engine, Item, Principal};
 
 /// One sort field of an index.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -65,10 +91,21 @@ pub struct IndexDef {
     pub sort: Vec<SortField>,
     /// Its state.
     pub state: IndexState,
+    /// Never reused: the first part of every row's partition, so rows a
+    /// dropped index left behind are never read by a later one.
+    #[serde(default)]
+    pub uid: String,
+    /// The declarations version at which the index was declared: items
+    /// whose stamp is below it have no rows in it yet.
+    #[serde(default)]
+    pub since: u64,
 }
 
 const MAX_FIELDS: usize = 8;
-const BACKFILL_BATCH: usize = 200;
+/// Items read per batch of a build.
+const BACKFILL_BATCH: usize = 512;
+/// Writes a build keeps in flight, so the store commits them in groups.
+const BACKFILL_IN_FLIGHT: usize = 128;
 /// Most index declarations kept.
 pub(crate) const MAX_INDEXES: usize = 1000;
 
@@ -83,6 +120,8 @@ pub(crate) fn builtins() -> Vec<IndexDef> {
         where_: where_.iter().map(|s| s.to_string()).collect(),
         sort: by_modified.clone(),
         state: IndexState::Ready,
+        uid: name.into(),
+        since: 0,
     };
     vec![
         def("_kind", &["kind"]),
@@ -102,26 +141,59 @@ fn check_field(field: &str) -> Result<()> {
     }
 }
 
+/// Whether a principal's partitions are split in buckets: the ones every
+/// reader shares.
+pub(crate) fn is_shared(p: &Principal) -> bool {
+    matches!(p, Principal::Everyone | Principal::Authenticated)
+}
+
+/// The bucket of a shared partition an item's row falls in.
+pub(crate) fn bucket_of(id: &str, split: u32) -> u32 {
+    if split <= 1 {
+        0
+    } else {
+        let h = crate::sha256(id.as_bytes());
+        u32::from_be_bytes([h[1], h[2], h[3], h[4]]) % split
+    }
+}
+
 impl IndexDef {
     /// Whether the index covers items of this kind.
     pub fn covers(&self, kind: &str) -> bool {
         self.kind.as_deref().is_none_or(|k| k == kind)
     }
 
-    /// The partition of `principal` for these where-values (in `where_`
-    /// order).
+    /// The partition of `principal` (in `bucket`, for shared principals)
+    /// for these where-values (in `where_` order).
     pub(crate) fn partition(
         &self,
         principal: &Principal,
+        bucket: u32,
         where_values: &[Option<&serde_json::Value>],
     ) -> Vec<u8> {
         let mut p = Vec::with_capacity(64);
-        encode_str(&mut p, &self.name);
+        encode_str(&mut p, &self.uid);
         encode_str(&mut p, &principal.to_string());
+        if is_shared(principal) {
+            p.extend_from_slice(&bucket.to_be_bytes());
+        }
         for v in where_values {
-            encode_value(&mut p, *v, Order::Asc);
+            encode_where(&mut p, *v);
         }
         p
+    }
+
+    /// Every partition of `principal` for these where-values.
+    pub(crate) fn partitions(
+        &self,
+        principal: &Principal,
+        split: u32,
+        where_values: &[Option<&serde_json::Value>],
+    ) -> Vec<Vec<u8>> {
+        let buckets = if is_shared(principal) { split } else { 1 };
+        (0..buckets)
+            .map(|b| self.partition(principal, b, where_values))
+            .collect()
     }
 
     /// The clustering key of an item.
@@ -135,83 +207,153 @@ impl IndexDef {
     }
 
     /// Every row of this index for `item`.
-    pub(crate) fn rows(&self, item: &Item) -> Vec<Key> {
-        if !self.covers(&item.kind) || self.state == IndexState::Dropping {
+    pub(crate) fn rows(&self, item: &Item, split: u32) -> Vec<Key> {
+        if !self.covers(&item.kind) {
             return Vec::new();
         }
         let values: Vec<Option<serde_json::Value>> =
             self.where_.iter().map(|f| item.field(f)).collect();
         let refs: Vec<Option<&serde_json::Value>> = values.iter().map(|v| v.as_ref()).collect();
         let clustering = self.clustering(item);
+        let bucket = bucket_of(&item.id, split);
         item.readers()
             .into_iter()
-            .map(|p| Key::new(INDEX, self.partition(p, &refs), clustering.clone()))
+            .map(|p| Key::new(INDEX, self.partition(p, bucket, &refs), clustering.clone()))
             .collect()
     }
 }
 
-/// The index rows of an item (or none) under every index in `defs`.
-pub(crate) fn rows_of(defs: &[IndexDef], item: Option<&Item>) -> BTreeSet<Key> {
-    let mut out = BTreeSet::new();
-    if let Some(item) = item {
-        for d in defs {
-            out.extend(d.rows(item));
-        }
-    }
-    out
-}
-
-/// Adds to `b` the changes that turn the rows of `before` into those of
-/// `after`: rows in both are left alone.
-pub(crate) fn apply_diff(
-    b: &mut Batch,
-    defs: &[IndexDef],
-    before: Option<&Item>,
-    after: Option<&Item>,
-) {
-    let old = rows_of(defs, before);
-    let new = rows_of(defs, after);
-    for k in old.difference(&new) {
-        b.delete(k.clone());
-    }
-    if let Some(item) = after {
-        for k in new.difference(&old) {
-            b.put(k.clone(), item.id.as_bytes().to_vec(), 1);
-        }
-    }
-}
-
-/// Index declarations read for one write, with the moment they were read.
+/// The index declarations as of one version, decoded once per thread and
+/// version (never stale: every operation reads the version in its own
+/// snapshot).
+#[derive(Clone)]
 pub(crate) struct Defs {
-    pub defs: Vec<IndexDef>,
-    read_at: Instant,
+    /// The declarations version (0: none was ever declared).
+    pub version: u64,
+    /// Built-ins first, then the declared ones in name order.
+    pub defs: Arc<Vec<IndexDef>>,
+}
+
+thread_local! {
+    /// The last declarations this thread decoded: (engine, version, defs).
+    static DECODED: RefCell<Option<(u64, u64, Arc<Vec<IndexDef>>)>> = const { RefCell::new(None) };
+}
+
+impl Defs {
+    /// The rows an item written at `stamp` holds: those of every index
+    /// declared at or before its stamp and not yet gone.
+    pub(crate) fn rows_at(&self, item: &Item, stamp: u64, split: u32) -> BTreeSet<Key> {
+        let mut out = BTreeSet::new();
+        for d in self.defs.iter().filter(|d| d.since <= stamp) {
+            out.extend(d.rows(item, split));
+        }
+        out
+    }
+
+    /// The rows an item written now must hold: every live index's.
+    pub(crate) fn rows_now(&self, item: &Item, split: u32) -> BTreeSet<Key> {
+        let mut out = BTreeSet::new();
+        for d in self
+            .defs
+            .iter()
+            .filter(|d| d.state != IndexState::Dropping)
+        {
+            out.extend(d.rows(item, split));
+        }
+        out
+    }
+
+    /// Adds to `b` the changes that turn the rows of `before` (written at
+    /// `stamp`) into those of `after` written now: rows in both are left
+    /// alone.
+    pub(crate) fn apply_diff(
+        &self,
+        b: &mut Batch,
+        before: Option<(&Item, u64)>,
+        after: Option<&Item>,
+        split: u32,
+    ) {
+        let old = before.map_or_else(BTreeSet::new, |(i, s)| self.rows_at(i, s, split));
+        let new = after.map_or_else(BTreeSet::new, |i| self.rows_now(i, split));
+        for k in old.difference(&new) {
+            b.delete(k.clone());
+        }
+        if let Some(item) = after {
+            for k in new.difference(&old) {
+                b.put(k.clone(), item.id.as_bytes().to_vec(), 1);
+            }
+        }
+    }
+
+    /// One declaration by name (built-ins included).
+    pub(crate) fn get(&self, name: &str) -> Option<&IndexDef> {
+        self.defs.iter().find(|d| d.name == name)
+    }
 }
 
 impl Engine {
-    /// Every index declaration, built-ins first, read from the store.
-    pub(crate) async fn index_defs(&self) -> Result<Defs> {
-        let read_at = Instant::now();
-        let rows = self
-            .store()
-            .scan(Scan::partition(INDEX_DEFS, Vec::new(), MAX_INDEXES))
-            .await?;
-        let mut defs = builtins();
-        for row in rows {
-            defs.push(schema::decode("index definition", &row)?);
+    /// The declarations whose version row `version_row` holds (as read in
+    /// the operation's snapshot), decoded at most once per thread and
+    /// version.
+    pub(crate) async fn defs_at(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        version_row: &Option<Row>,
+    ) -> Result<Defs> {
+        let version = version_row.as_ref().map_or(0, |r| r.version);
+        let cached = DECODED.with(|c| {
+            c.borrow()
+                .as_ref()
+                .filter(|(e, v, _)| *e == self.id() && *v == version)
+                .map(|(_, _, d)| d.clone())
+        });
+        if let Some(defs) = cached {
+            return Ok(Defs { version, defs });
         }
-        Ok(Defs { defs, read_at })
+        let mut defs = builtins();
+        if version > 0 {
+            let rows = snap
+                .scan(&Scan::partition(
+                    INDEX_DEFS,
+                    schema::DEFS_PARTITION.to_vec(),
+                    MAX_INDEXES + 1,
+                ))
+                .await?;
+            for row in rows
+                .iter()
+                .filter(|r| r.clustering != schema::DEFS_VERSION_ROW)
+            {
+                defs.push(schema::decode("index definition", row)?);
+            }
+        }
+        let defs = Arc::new(defs);
+        DECODED.with(|c| *c.borrow_mut() = Some((self.id(), version, defs.clone())));
+        Ok(Defs { version, defs })
     }
 
-    /// Fails (to be retried) if the write is about to land later than the
-    /// lease after its declarations were read: index builds rely on it.
-    pub(crate) fn check_lease(&self, defs: &Defs) -> Result<()> {
-        if defs.read_at.elapsed() > self.inner.config.write_lease {
-            return Err(tarn_store::StoreError::Conflict(
-                "index declarations read too long ago".into(),
-            )
-            .into());
-        }
-        Ok(())
+    /// The declarations in a fresh snapshot.
+    pub(crate) async fn read_defs(&self) -> Result<Defs> {
+        let mut snap = self.snapshot().await?;
+        let row = snap.get(&schema::defs_version_key()).await?;
+        self.defs_at(&mut snap, &row).await
+    }
+
+    /// Writes a declaration change: `changes` applied together with the
+    /// version row, guarded on the version the change was computed from.
+    async fn write_defs(&self, from: u64, changes: Batch) -> Result<u64> {
+        let mut b = changes;
+        let key = schema::defs_version_key();
+        b.put(key.clone(), schema::MARK.to_vec(), from + 1)
+            .guard(
+                key,
+                if from == 0 {
+                    Expect::Absent
+                } else {
+                    Expect::Version(from)
+                },
+            );
+        self.store().write(b).await?;
+        Ok(from + 1)
     }
 
     /// Declares an index (administrators). Answers the definition and whether
@@ -225,7 +367,6 @@ impl Engine {
         where_: Vec<String>,
         sort: Vec<SortField>,
     ) -> Result<(IndexDef, bool)> {
-        caller.require_admin()?;
         check_name("index name", name)?;
         check_name("kind", kind)?;
         if where_.len() + sort.len() > MAX_FIELDS {
@@ -242,245 +383,333 @@ impl Engine {
                 "a where field is named twice".into(),
             ));
         }
-        let def = IndexDef {
-            name: name.to_string(),
-            kind: Some(kind.to_string()),
-            where_,
-            sort,
-            state: IndexState::Building,
-        };
-        let key = Key::new(INDEX_DEFS, Vec::new(), name.as_bytes());
-        let existing = self.store().get(key.clone()).await?;
-        if let Some(row) = existing {
-            let old: IndexDef = schema::decode("index definition", &row)?;
-            let same = old.kind == def.kind && old.where_ == def.where_ && old.sort == def.sort;
-            if same && old.state != IndexState::Dropping {
-                return Ok((old, false));
-            }
-            return Err(EngineError::Conflict(format!(
-                "an index named {name} exists with another definition or is being dropped"
-            )));
+        let (def, created) = self
+            .retrying(|| async {
+                let mut snap = self.snapshot().await?;
+                let (actor, own) = self
+                    .resolve(&mut snap, caller, &[schema::defs_version_key()], &[])
+                    .await?;
+                actor.require_admin()?;
+                let defs = self.defs_at(&mut snap, &own.rows[0]).await?;
+                drop(snap);
+                if let Some(old) = defs.get(name) {
+                    let same = old.kind.as_deref() == Some(kind)
+                        && old.where_ == where_
+                        && old.sort == sort;
+                    if same && old.state != IndexState::Dropping {
+                        return Ok((old.clone(), false));
+                    }
+                    return Err(EngineError::Conflict(format!(
+                        "an index named {name} exists with another definition or is being dropped"
+                    )));
+                }
+                if defs.defs.len() >= MAX_INDEXES {
+                    return Err(EngineError::Conflict(format!(
+                        "at most {MAX_INDEXES} indexes"
+                    )));
+                }
+                let def = IndexDef {
+                    name: name.to_string(),
+                    kind: Some(kind.to_string()),
+                    where_: where_.clone(),
+                    sort: sort.clone(),
+                    state: IndexState::Building,
+                    uid: b64(&random_bytes::<9>()),
+                    since: defs.version + 1,
+                };
+                let mut b = Batch::new();
+                b.put(schema::def_key(name), schema::encode(&def), 1);
+                self.write_defs(defs.version, b).await?;
+                Ok((def, true))
+            })
+            .await?;
+        if created {
+            self.spawn_build(def.name.clone());
         }
-        if self.index_defs().await?.defs.len() >= MAX_INDEXES {
-            return Err(EngineError::Conflict(format!(
-                "at most {MAX_INDEXES} indexes"
-            )));
-        }
-        let mut b = Batch::new();
-        b.put(key.clone(), schema::encode(&def), 1)
-            .guard(key, Expect::Absent);
-        match self.store().write(b).await {
-            Ok(()) => {}
-            Err(tarn_store::StoreError::GuardFailed { .. }) => {
-                return Err(EngineError::Conflict(format!(
-                    "the index {name} was declared concurrently"
-                )))
-            }
-            Err(e) => return Err(EngineError::from(e).settle()),
-        }
+        Ok((def, created))
+    }
+
+    fn spawn_build(&self, name: String) {
         let engine = self.clone();
-        let name = def.name.clone();
         tokio::spawn(async move {
             if let Err(e) = engine.build_index(&name).await {
                 tracing_error(&name, &e);
             }
         });
-        Ok((def, true))
     }
 
-    /// One index declaration (built-ins included).
-    pub async fn get_index(&self, name: &str) -> Result<IndexDef> {
-        self.index_defs()
-            .await?
-            .defs
-            .into_iter()
-            .find(|d| d.name == name)
-            .ok_or_else(|| EngineError::NotFound(format!("no index {name}")))
-    }
-
-    /// Every index declaration (built-ins included).
-    pub async fn list_indexes(&self) -> Result<Vec<IndexDef>> {
-        Ok(self.index_defs().await?.defs)
-    }
-
-    /// Drops a declared index (administrators) and removes its rows in the
-    /// background.
-    pub async fn drop_index(&self, caller: &Caller, name: &str) -> Result<()> {
-        caller.require_admin()?;
-        if name.starts_with('_') {
-            return Err(EngineError::InvalidInput("built-in indexes stay".into()));
-        }
-        let key = Key::new(INDEX_DEFS, Vec::new(), name.as_bytes());
-        let row = self
-            .store()
-            .get(key.clone())
-            .await?
-            .ok_or_else(|| EngineError::NotFound(format!("no index {name}")))?;
-        let mut def: IndexDef = schema::decode("index definition", &row)?;
-        if def.state != IndexState::Dropping {
-            def.state = IndexState::Dropping;
-            let mut b = Batch::new();
-            b.put(key.clone(), schema::encode(&def), row.version + 1)
-                .guard(key, Expect::Version(row.version));
-            self.store()
-                .write(b)
-                .await
-                .map_err(|e| EngineError::from(e).settle())?;
-        }
+    fn spawn_drop(&self, name: String) {
         let engine = self.clone();
-        let name = name.to_string();
         tokio::spawn(async move {
             if let Err(e) = engine.remove_index_rows(&name).await {
                 tracing_error(&name, &e);
             }
         });
+    }
+
+    /// One index declaration (built-ins included; signed-in callers).
+    pub async fn get_index(&self, caller: &Caller, name: &str) -> Result<IndexDef> {
+        self.list_indexes(caller)
+            .await?
+            .into_iter()
+            .find(|d| d.name == name)
+            .ok_or_else(|| EngineError::NotFound(format!("no index {name}")))
+    }
+
+    /// Every index declaration (built-ins included; signed-in callers).
+    pub async fn list_indexes(&self, caller: &Caller) -> Result<Vec<IndexDef>> {
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            let (actor, own) = self
+                .resolve(&mut snap, caller, &[schema::defs_version_key()], &[])
+                .await?;
+            actor.require_user()?;
+            Ok(self.defs_at(&mut snap, &own.rows[0]).await?.defs.to_vec())
+        })
+        .await
+    }
+
+    /// Drops a declared index (administrators) and removes its rows in the
+    /// background.
+    pub async fn drop_index(&self, caller: &Caller, name: &str) -> Result<()> {
+        if name.starts_with('_') {
+            return Err(EngineError::InvalidInput("built-in indexes stay".into()));
+        }
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            let (actor, own) = self
+                .resolve(&mut snap, caller, &[schema::defs_version_key()], &[])
+                .await?;
+            actor.require_admin()?;
+            let defs = self.defs_at(&mut snap, &own.rows[0]).await?;
+            drop(snap);
+            let mut def = defs
+                .get(name)
+                .cloned()
+                .ok_or_else(|| EngineError::NotFound(format!("no index {name}")))?;
+            if def.state != IndexState::Dropping {
+                def.state = IndexState::Dropping;
+                let mut b = Batch::new();
+                b.put(schema::def_key(name), schema::encode(&def), 1);
+                self.write_defs(defs.version, b).await?;
+            }
+            Ok(())
+        })
+        .await?;
+        self.spawn_drop(name.to_string());
         Ok(())
     }
 
     /// Resumes builds and drops left unfinished (a node stopped mid-way).
-    /// Safe to run on several nodes at once: both passes are idempotent.
+    /// Safe to run on several nodes at once: both are idempotent.
     pub async fn resume_index_work(&self) -> Result<()> {
-        for def in self.index_defs().await?.defs {
-            let engine = self.clone();
-            let name = def.name.clone();
+        let defs = self.retrying(|| self.read_defs()).await?;
+        for def in defs.defs.iter() {
             match def.state {
-                IndexState::Building => {
-                    tokio::spawn(async move {
-                        if let Err(e) = engine.build_index(&name).await {
-                            tracing_error(&name, &e);
-                        }
-                    });
-                }
-                IndexState::Dropping => {
-                    tokio::spawn(async move {
-                        if let Err(e) = engine.remove_index_rows(&name).await {
-                            tracing_error(&name, &e);
-                        }
-                    });
-                }
+                IndexState::Building => self.spawn_build(def.name.clone()),
+                IndexState::Dropping => self.spawn_drop(def.name.clone()),
                 IndexState::Ready => {}
             }
         }
         Ok(())
     }
 
-    /// Waits out the write lease twice, so every write that read the
-    /// declarations before this index changed state has landed or given up.
-    async fn wait_out_leases(&self) {
-        tokio::time::sleep(self.inner.config.write_lease * 2).await;
-    }
-
-    /// Adds every existing item of the index's kind to it, pulling items in
-    /// bounded batches, then marks it ready.
+    /// Builds an index: raises its kind's bucket stamps, brings every item
+    /// of the kind up to the declarations it was declared in, in bounded
+    /// batches with many writes in flight, then marks it ready.
     pub(crate) async fn build_index(&self, name: &str) -> Result<()> {
-        self.wait_out_leases().await;
-        let key = Key::new(INDEX_DEFS, Vec::new(), name.as_bytes());
-        let Some(row) = self.store().get(key.clone()).await? else {
+        let defs = self.retrying(|| self.read_defs()).await?;
+        let Some(def) = defs.get(name).cloned() else {
             return Ok(());
         };
-        let def: IndexDef = schema::decode("index definition", &row)?;
         if def.state != IndexState::Building {
             return Ok(());
         }
         let kind = def.kind.clone().unwrap_or_default();
-        self.for_each_of_kind(&kind, |item, version| {
-            let def = def.clone();
+        for bucket in 0..KIND_BUCKETS {
+            self.retrying(|| self.raise_stamp(&kind, bucket, def.since))
+                .await?;
+        }
+        self.for_each_item(&kind, |row| {
+            let since = def.since;
             async move {
-                let mut b = Batch::new();
-                for k in def.rows(&item) {
-                    b.put(k, item.id.as_bytes().to_vec(), 1);
+                if row.stamp >= since {
+                    return Ok(());
                 }
-                b.guard(schema::item_key(&item.id), Expect::Version(version));
-                b
+                self.retrying(|| self.refresh_item(&row.item.id)).await
             }
         })
         .await?;
         self.retrying(|| async {
-            let Some(row) = self.store().get(key.clone()).await? else {
+            let defs = self.read_defs().await?;
+            let Some(mut def) = defs.get(name).cloned() else {
                 return Ok(());
             };
-            let mut def: IndexDef = schema::decode("index definition", &row)?;
             if def.state != IndexState::Building {
                 return Ok(());
             }
             def.state = IndexState::Ready;
             let mut b = Batch::new();
-            b.put(key.clone(), schema::encode(&def), row.version + 1)
-                .guard(key.clone(), Expect::Version(row.version));
-            self.store().write(b).await?;
+            b.put(schema::def_key(name), schema::encode(&def), 1);
+            self.write_defs(defs.version, b).await?;
             Ok(())
         })
         .await
     }
 
-    /// Removes every row of a dropped index, then its declaration.
-    pub(crate) async fn remove_index_rows(&self, name: &str) -> Result<()> {
-        self.wait_out_leases().await;
-        let key = Key::new(INDEX_DEFS, Vec::new(), name.as_bytes());
-        let Some(row) = self.store().get(key.clone()).await? else {
+    /// Makes a kind bucket's stamp row at least `at`, so creates computed
+    /// with older declarations fail their guard.
+    async fn raise_stamp(&self, kind: &str, bucket: u8, at: u64) -> Result<()> {
+        let key = schema::stamp_key(kind, bucket);
+        let row = self.snapshot().await?.get(&key).await?;
+        let expect = match &row {
+            Some(r) if r.version >= at => return Ok(()),
+            Some(r) => Expect::Version(r.version),
+            None => Expect::Absent,
+        };
+        let mut b = Batch::new();
+        b.put(key.clone(), schema::MARK.to_vec(), at)
+            .guard(key, expect);
+        self.store().write(b).await?;
+        Ok(())
+    }
+
+    /// Rewrites one item's index rows for the current declarations and
+    /// advances its stamp and revision (so writers that read it before fail
+    /// their guard), if its stamp is behind.
+    async fn refresh_item(&self, id: &str) -> Result<()> {
+        let mut snap = self.snapshot().await?;
+        let out = snap
+            .read(&[schema::defs_version_key(), schema::item_key(id)], &[])
+            .await?;
+        let defs = self.defs_at(&mut snap, &out.rows[0]).await?;
+        drop(snap);
+        let Some(row) = &out.rows[1] else {
             return Ok(());
         };
-        let mut def: IndexDef = schema::decode("index definition", &row)?;
-        if def.state != IndexState::Dropping {
+        let stored: ItemRow = schema::decode("item", row)?;
+        if stored.stamp >= defs.version {
             return Ok(());
         }
-        // Rows are computed as they were written: with the index live.
-        def.state = IndexState::Ready;
-        let kind = def.kind.clone().unwrap_or_default();
-        self.for_each_of_kind(&kind, |item, version| {
-            let def = def.clone();
-            async move {
-                let mut b = Batch::new();
-                for k in def.rows(&item) {
-                    b.delete(k);
-                }
-                b.guard(schema::item_key(&item.id), Expect::Version(version));
-                b
-            }
-        })
-        .await?;
         let mut b = Batch::new();
-        b.delete(key.clone())
+        defs.apply_diff(
+            &mut b,
+            Some((&stored.item, stored.stamp)),
+            Some(&stored.item),
+            self.split(),
+        );
+        let key = schema::item_key(id);
+        let fresh = ItemRow {
+            item: stored.item,
+            stamp: defs.version,
+        };
+        b.put(key.clone(), schema::encode(&fresh), row.version + 1)
             .guard(key, Expect::Version(row.version));
         self.store().write(b).await?;
         Ok(())
     }
 
-    /// Pulls the items of a kind in bounded batches and writes, per item,
-    /// the batch `make` builds (guarded on the item's version; an item that
-    /// changed meanwhile is read again).
-    async fn for_each_of_kind<F, Fut>(&self, kind: &str, make: F) -> Result<()>
-    where
-        F: Fn(Item, u64) -> Fut,
-        Fut: std::future::Future<Output = Batch>,
-    {
-        let mut after: Option<Vec<u8>> = None;
-        loop {
-            let lower = after.clone().map_or(Bound::Unbounded, Bound::Excluded);
-            let rows = self
-                .store()
-                .scan(
-                    Scan::partition(KINDS, kind.as_bytes().to_vec(), BACKFILL_BATCH)
-                        .bounds(lower, Bound::Unbounded),
-                )
-                .await?;
-            let Some(last) = rows.last() else {
+    /// Removes every row of a dropped index, then its declaration.
+    pub(crate) async fn remove_index_rows(&self, name: &str) -> Result<()> {
+        let defs = self.retrying(|| self.read_defs()).await?;
+        let Some(def) = defs.get(name).cloned() else {
+            return Ok(());
+        };
+        if def.state != IndexState::Dropping {
+            return Ok(());
+        }
+        let kind = def.kind.clone().unwrap_or_default();
+        let split = self.split();
+        let mut pending = Batch::new();
+        let mut batches = Vec::new();
+        self.for_each_item(&kind, |row| {
+            for k in def.rows(&row.item, split) {
+                pending.delete(k);
+            }
+            if pending.ops.len() >= 1000 {
+                batches.push(std::mem::take(&mut pending));
+            }
+            let ready = std::mem::take(&mut batches);
+            async move {
+                for b in ready {
+                    self.retrying(|| self.store_write(b.clone())).await?;
+                }
+                Ok(())
+            }
+        })
+        .await?;
+        self.retrying(|| self.store_write(pending.clone())).await?;
+        self.retrying(|| async {
+            let defs = self.read_defs().await?;
+            if defs.get(name).is_none_or(|d| d.state != IndexState::Dropping) {
                 return Ok(());
-            };
-            after = Some(last.clustering.clone());
-            for row in rows {
-                let id = String::from_utf8(row.clustering)
-                    .map_err(|e| crate::error::corrupt("kind entry", e))?;
-                self.retrying(|| async {
-                    let Some((item, version)) = self.read_item(&id).await? else {
-                        return Ok(());
-                    };
-                    self.store().write(make(item, version).await).await?;
-                    Ok(())
-                })
-                .await?;
+            }
+            let mut b = Batch::new();
+            b.delete(schema::def_key(name));
+            self.write_defs(defs.version, b).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn store_write(&self, b: Batch) -> Result<()> {
+        Ok(self.store().write(b).await?)
+    }
+
+    /// Pulls the items of a kind in bounded batches, bucket by bucket, and
+    /// runs `each` on every one, with many in flight.
+    async fn for_each_item<'a, F, Fut>(&'a self, kind: &str, mut each: F) -> Result<()>
+    where
+        F: FnMut(ItemRow) -> Fut,
+        Fut: std::future::Future<Output = Result<()>> + 'a,
+    {
+        let mut in_flight = FuturesUnordered::new();
+        for bucket in 0..KIND_BUCKETS {
+            let partition = schema::kind_partition(kind, bucket);
+            // Item ids are base64url: every one sorts after the stamp row.
+            let mut after = schema::STAMP_ROW.to_vec();
+            loop {
+                let batch = self
+                    .retrying(|| async {
+                        let mut snap = self.snapshot().await?;
+                        let ids = snap
+                            .scan(
+                                &Scan::partition(KINDS, partition.clone(), BACKFILL_BATCH)
+                                    .bounds(Bound::Excluded(after.clone()), Bound::Unbounded),
+                            )
+                            .await?;
+                        let keys: Vec<Key> = ids
+                            .iter()
+                            .map(|r| {
+                                String::from_utf8(r.clustering.clone())
+                                    .map(|id| schema::item_key(&id))
+                                    .map_err(|e| crate::error::corrupt("kind entry", e))
+                            })
+                            .collect::<Result<_>>()?;
+                        let items = snap.get_many(&keys).await?;
+                        Ok((ids.last().map(|r| r.clustering.clone()), items))
+                    })
+                    .await?;
+                let (last, items) = batch;
+                for row in items.into_iter().flatten() {
+                    let item: ItemRow = schema::decode("item", &row)?;
+                    in_flight.push(each(item));
+                    while in_flight.len() >= BACKFILL_IN_FLIGHT {
+                        if let Some(done) = in_flight.next().await {
+                            done?;
+                        }
+                    }
+                }
+                match last {
+                    Some(l) => after = l,
+                    None => break,
+                }
             }
         }
+        while let Some(done) = in_flight.next().await {
+            done?;
+        }
+        Ok(())
     }
 }
 

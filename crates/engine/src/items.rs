@@ -1,59 +1,134 @@
 //! Items: create, read, merge-patch, delete, share, links.
 //!
-//! Every change is one atomic write guarded on the item row's version: the
-//! item, its kind entry and the difference of its index rows together.
+//! Every operation reads in one snapshot (the caller, the item, the index
+//! declarations and whatever else it needs, together) and ends in one
+//! atomic write: the item, its kind entry and the difference of its index
+//! rows, guarded on the item row's revision (a create: on its kind bucket,
+//! see [`indexes`](crate::indexes)).
+
+use std::ops::Bound;
 
 use serde_json::{Map, Value};
-use tarn_store::{Batch, Expect, Scan};
+use tarn_store::{Batch, Expect, Key, ReadResult, Row, Scan, Snapshot};
 
+use crate::actor::Actor;
 use crate::error::{EngineError, Result};
-use crate::indexes::{apply_diff, Defs};
+use crate::indexes::Defs;
 use crate::model::{check_name, normalise_acl};
-use crate::schema::{self, ITEMS};
-use crate::{
-    b64, merge_patch, random_bytes, Caller, Engine, Grant, Item, ItemView, Principal, Role,
-};
+use crate::schema::{self, ItemRow, ITEMS};
+use crate::{b64, merge_patch, random_bytes, Caller, Engine, Grant, Item, ItemView, Principal, Role};
 
-/// An item as read, with everything needed to decide what the caller may do.
+/// Most grants in one ACL.
+const MAX_GRANTS: usize = 256;
+/// Most links one item has at once.
+const MAX_LINKS: usize = 100;
+
+/// An item as read, with everything needed to decide what the caller may do
+/// and to write it back.
 pub(crate) struct Access {
     pub item: Item,
     pub role: Role,
+    /// The item row's revision: what a write is guarded on.
+    pub rev: u64,
+    /// The declarations version the item's rows follow.
+    pub stamp: u64,
+}
+
+fn not_found(id: &str) -> EngineError {
+    EngineError::NotFound(format!("no item {id}"))
+}
+
+/// Whether `id` could be an item id at all (anything else is simply not
+/// found, without a read).
+fn plausible_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The store key of a link, if the key could be one at all.
+fn link_row(id: &str, link: Option<&str>) -> Option<Key> {
+    link.filter(|k| !k.is_empty() && k.len() <= 256)
+        .map(|k| schema::link_key(id, k))
 }
 
 impl Engine {
-    pub(crate) async fn read_item(&self, id: &str) -> Result<Option<(Item, u64)>> {
-        if id.is_empty() || id.len() > 64 {
-            return Ok(None);
+    /// The caller's role on an item read as `item_row` (with the link row
+    /// `link_row` when a key was presented); `NotFound` if none (existence
+    /// never leaks).
+    pub(crate) fn access(
+        &self,
+        actor: &Actor,
+        id: &str,
+        item_row: &Option<Row>,
+        link_row: Option<&Option<Row>>,
+    ) -> Result<Access> {
+        let row = item_row.as_ref().ok_or_else(|| not_found(id))?;
+        let stored: ItemRow = schema::decode("item", row)?;
+        let mut role = if actor.admin {
+            Some(Role::Manager)
+        } else {
+            stored.item.role_of(&actor.principals)
+        };
+        if let Some(Some(link)) = link_row {
+            let link_role: Role = schema::decode("link", link)?;
+            role = role.max(Some(link_role));
         }
-        match self.store().get(schema::item_key(id)).await? {
-            Some(row) => Ok(Some((schema::decode("item", &row)?, row.version))),
-            None => Ok(None),
-        }
+        let role = role.ok_or_else(|| not_found(id))?;
+        Ok(Access {
+            item: stored.item,
+            role,
+            rev: row.version,
+            stamp: stored.stamp,
+        })
     }
 
-    /// The caller's role on an item, through its principals, a link key, or
-    /// being an administrator; `NotFound` if none (existence never leaks).
-    pub(crate) async fn access(
+    /// Reads the caller, an item (and link), and the declarations together
+    /// in `snap`, plus `gets` of the operation's own (answered after the
+    /// first two or three rows).
+    pub(crate) async fn read_item_for(
         &self,
+        snap: &mut Box<dyn Snapshot>,
         caller: &Caller,
         id: &str,
         link: Option<&str>,
-    ) -> Result<Access> {
-        let not_found = || EngineError::NotFound(format!("no item {id}"));
-        let (item, _) = self.read_item(id).await?.ok_or_else(not_found)?;
-        let mut role = if caller.is_admin() {
-            Some(Role::Manager)
-        } else {
-            item.role_of(&self.principals(caller).await?)
-        };
-        if let Some(key) = link {
-            if let Some(row) = self.store().get(schema::link_key(id, key)).await? {
-                let link_role: Role = schema::decode("link", &row)?;
-                role = role.max(Some(link_role));
-            }
+        with_defs: bool,
+        gets: &[Key],
+        scans: &[Scan],
+    ) -> Result<(Actor, Access, Option<Defs>, ReadResult)> {
+        if !plausible_id(id) {
+            // Still check the caller, so a bad token answers 401 as
+            // everywhere, then answer as for any item one cannot read.
+            self.resolve(snap, caller, &[], &[]).await?;
+            return Err(not_found(id));
         }
-        let role = role.ok_or_else(not_found)?;
-        Ok(Access { item, role })
+        let mut all = vec![schema::item_key(id), schema::defs_version_key()];
+        let link_key = link_row(id, link);
+        all.extend(link_key.clone());
+        let own_from = all.len();
+        all.extend_from_slice(gets);
+        let (actor, mut out) = self.resolve(snap, caller, &all, scans).await?;
+        let link_answer = link_key.as_ref().map(|_| &out.rows[2]);
+        let access = self.access(&actor, id, &out.rows[0], link_answer)?;
+        let defs = if with_defs {
+            let mut defs = self.defs_at(snap, &out.rows[1]).await?;
+            if access.stamp > defs.version {
+                // Only on a store without snapshots: the item was written
+                // with declarations newer than the ones read. Read them
+                // again, after the item.
+                defs = self.read_defs().await?;
+            }
+            Some(defs)
+        } else {
+            None
+        };
+        let own = ReadResult {
+            rows: out.rows.split_off(own_from),
+            scans: out.scans,
+        };
+        Ok((actor, access, defs, own))
     }
 
     pub(crate) fn require_role(&self, access: &Access, need: Role, what: &str) -> Result<()> {
@@ -68,63 +143,54 @@ impl Engine {
         }
     }
 
-    /// Writes `after` in place of `before` (either may be `None`), with its
-    /// kind entry and index rows, guarded on the version `before` was read
-    /// at. `extra` adds changes of its own (links, ...).
-    pub(crate) async fn write_item(
-        &self,
-        defs: &Defs,
-        before: Option<&Item>,
-        after: Option<&Item>,
-        extra: Batch,
-    ) -> Result<()> {
-        let mut b = extra;
-        let (id, kind) = match (before, after) {
-            (_, Some(i)) | (Some(i), None) => (i.id.as_str(), i.kind.as_str()),
-            (None, None) => return Ok(()),
-        };
-        let key = schema::item_key(id);
-        b.guard(
-            key.clone(),
-            match before {
-                Some(i) => Expect::Version(i.version),
-                None => Expect::Absent,
-            },
-        );
+    /// Adds to `b` the write of `after` in place of the item read as
+    /// `before` (`None`: deleted), with its kind entry and the difference of
+    /// its index rows, guarded on the item row's revision.
+    pub(crate) fn update_item(&self, b: &mut Batch, defs: &Defs, before: &Access, after: Option<&Item>) {
+        let key = schema::item_key(&before.item.id);
+        b.guard(key.clone(), Expect::Version(before.rev));
+        defs.apply_diff(b, Some((&before.item, before.stamp)), after, self.split());
         match after {
             Some(item) => {
-                b.put(key, schema::encode(item), item.version);
-                if before.is_none() {
-                    b.put(schema::kind_key(kind, id), Vec::new(), 1);
-                }
+                let row = ItemRow {
+                    item: item.clone(),
+                    stamp: defs.version,
+                };
+                b.put(key, schema::encode(&row), before.rev + 1);
             }
             None => {
                 b.delete(key);
-                b.delete(schema::kind_key(kind, id));
+                b.delete(schema::kind_key(&before.item.kind, &before.item.id));
             }
         }
-        apply_diff(&mut b, &defs.defs, before, after);
-        self.check_lease(defs)?;
-        self.store().write(b).await?;
-        Ok(())
     }
 
-    /// Checks every grant's principal exists and returns the normalised ACL.
-    async fn check_acl(&self, acl: Vec<Grant>) -> Result<Vec<Grant>> {
-        let acl = normalise_acl(acl);
-        if acl.len() > 256 {
-            return Err(EngineError::InvalidInput(
-                "an ACL holds at most 256 grants".into(),
-            ));
-        }
-        for g in &acl {
-            match self.check_principal_exists(&g.principal).await {
-                Ok(()) => {}
-                Err(EngineError::NotFound(m)) => return Err(EngineError::InvalidInput(m)),
-                Err(e) => return Err(e.settle()),
+    /// The keys whose existence an ACL's grants need (users and groups).
+    fn grant_keys(acl: &[Grant]) -> Vec<Key> {
+        acl.iter()
+            .filter_map(|g| match &g.principal {
+                Principal::User(u) => Some(schema::user_key(u)),
+                Principal::Group(g) => Some(schema::group_key(g)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Refuses an ACL naming a user or group that does not exist, given the
+    /// answers to [`Engine::grant_keys`].
+    fn check_grants_exist(acl: &[Grant], rows: &[Option<Row>]) -> Result<()> {
+        let named = acl
+            .iter()
+            .filter(|g| matches!(g.principal, Principal::User(_) | Principal::Group(_)));
+        for (g, row) in named.zip(rows) {
+            if row.is_none() {
+                return Err(EngineError::InvalidInput(format!(
+                    "no such principal {}",
+                    g.principal
+                )));
             }
         }
-        Ok(acl)
+        Ok(())
     }
 
     fn next_modified(&self, old: &Item) -> i64 {
@@ -139,37 +205,69 @@ impl Engine {
         properties: Map<String, Value>,
         acl: Vec<Grant>,
     ) -> Result<ItemView> {
-        let username = caller.require_user()?.to_string();
         check_name("kind", kind)?;
         self.check_properties(&properties)?;
-        let mut acl = acl;
-        acl.push(Grant {
-            principal: Principal::User(username.clone()),
-            role: Role::Manager,
-        });
-        let acl = self.check_acl(acl).await?;
-        let now = self.now();
-        let item = Item {
-            id: b64(&random_bytes::<16>()),
-            kind: kind.to_string(),
-            properties,
-            version: 1,
-            created_by: username,
-            created_at: now,
-            modified_at: now,
-            body: None,
-            acl,
-        };
+        if acl.len() > MAX_GRANTS {
+            return Err(too_many_grants());
+        }
+        let id = b64(&random_bytes::<16>());
+        let bucket = schema::kind_bucket(&id);
+        let stamp_key = schema::stamp_key(kind, bucket);
         self.retrying(|| async {
-            let defs = self.index_defs().await?;
-            self.write_item(&defs, None, Some(&item), Batch::new())
-                .await
+            let mut snap = self.snapshot().await?;
+            let mut gets = vec![schema::defs_version_key(), stamp_key.clone()];
+            gets.extend(Self::grant_keys(&acl));
+            let (actor, own) = self.resolve(&mut snap, caller, &gets, &[]).await?;
+            let username = actor.require_user()?.to_string();
+            Self::check_grants_exist(&acl, &own.rows[2..])?;
+            let defs = self.defs_at(&mut snap, &own.rows[0]).await?;
+            drop(snap);
+            let mut grants = acl.clone();
+            grants.push(Grant {
+                principal: Principal::User(username.clone()),
+                role: Role::Manager,
+            });
+            let now = self.now();
+            let item = Item {
+                id: id.clone(),
+                kind: kind.to_string(),
+                properties: properties.clone(),
+                version: 1,
+                created_by: username,
+                created_at: now,
+                modified_at: now,
+                body: None,
+                acl: normalise_acl(grants),
+            };
+            if item.acl.len() > MAX_GRANTS {
+                return Err(too_many_grants());
+            }
+            let mut b = Batch::new();
+            // Guards on the kind bucket: the entry is new, and the bucket's
+            // stamp is the one read with the declarations (see `indexes`).
+            let entry = schema::kind_key(kind, &id);
+            b.put(entry.clone(), schema::MARK.to_vec(), 1)
+                .guard(entry, Expect::Absent)
+                .guard(
+                    stamp_key.clone(),
+                    match &own.rows[1] {
+                        Some(r) => Expect::Version(r.version),
+                        None => Expect::Absent,
+                    },
+                );
+            defs.apply_diff(&mut b, None, Some(&item), self.split());
+            let row = ItemRow {
+                item: item.clone(),
+                stamp: defs.version,
+            };
+            b.put(schema::item_key(&id), schema::encode(&row), 1);
+            self.store().write(b).await?;
+            Ok(ItemView {
+                item,
+                role: Role::Manager,
+            })
         })
-        .await?;
-        Ok(ItemView {
-            item,
-            role: Role::Manager,
-        })
+        .await
     }
 
     /// Reads an item the caller may read.
@@ -179,11 +277,17 @@ impl Engine {
         id: &str,
         link: Option<&str>,
     ) -> Result<ItemView> {
-        let a = self.retrying(|| self.access(caller, id, link)).await?;
-        Ok(ItemView {
-            item: a.item,
-            role: a.role,
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            let (_, a, _, _) = self
+                .read_item_for(&mut snap, caller, id, link, false, &[], &[])
+                .await?;
+            Ok(ItemView {
+                item: a.item,
+                role: a.role,
+            })
         })
+        .await
     }
 
     /// Applies an RFC 7396 merge patch to the properties (editors and
@@ -202,8 +306,12 @@ impl Engine {
             ));
         }
         self.retrying(|| async {
-            let defs = self.index_defs().await?;
-            let a = self.access(caller, id, link).await?;
+            let mut snap = self.snapshot().await?;
+            let (_, a, defs, _) = self
+                .read_item_for(&mut snap, caller, id, link, true, &[], &[])
+                .await?;
+            drop(snap);
+            let defs = defs.expect("asked for");
             self.require_role(&a, Role::Editor, "changing properties")?;
             check_version(&a.item, if_match)?;
             let mut props = Value::Object(a.item.properties.clone());
@@ -216,8 +324,9 @@ impl Engine {
             after.properties = props;
             after.version += 1;
             after.modified_at = self.next_modified(&a.item);
-            self.write_item(&defs, Some(&a.item), Some(&after), Batch::new())
-                .await?;
+            let mut b = Batch::new();
+            self.update_item(&mut b, &defs, &a, Some(&after));
+            self.store().write(b).await?;
             Ok(ItemView {
                 item: after,
                 role: a.role,
@@ -239,64 +348,69 @@ impl Engine {
                 "an ACL needs at least one manager".into(),
             ));
         }
-        let acl = self.check_acl(acl).await?;
+        let acl = normalise_acl(acl);
+        if acl.len() > MAX_GRANTS {
+            return Err(too_many_grants());
+        }
+        let grant_keys = Self::grant_keys(&acl);
         self.retrying(|| async {
-            let defs = self.index_defs().await?;
-            let a = self.access(caller, id, None).await?;
+            let mut snap = self.snapshot().await?;
+            let (actor, a, defs, own) = self
+                .read_item_for(&mut snap, caller, id, None, true, &grant_keys, &[])
+                .await?;
+            drop(snap);
+            let defs = defs.expect("asked for");
             self.require_role(&a, Role::Manager, "sharing")?;
+            Self::check_grants_exist(&acl, &own.rows)?;
             check_version(&a.item, if_match)?;
             let mut after = a.item.clone();
             after.acl = acl.clone();
             after.version += 1;
             after.modified_at = self.next_modified(&a.item);
-            self.write_item(&defs, Some(&a.item), Some(&after), Batch::new())
-                .await?;
-            let role = if caller.is_admin() {
+            let mut b = Batch::new();
+            self.update_item(&mut b, &defs, &a, Some(&after));
+            self.store().write(b).await?;
+            let role = if actor.admin {
                 Role::Manager
             } else {
-                after
-                    .role_of(&self.principals(caller).await?)
-                    .unwrap_or(Role::Viewer)
+                after.role_of(&actor.principals).unwrap_or(Role::Viewer)
             };
             Ok(ItemView { item: after, role })
         })
         .await
     }
 
-    /// Deletes an item (managers) with its index rows, links and body.
+    /// Deletes an item (managers) with its index rows and links; its body's
+    /// bytes stay for downloads in progress and go after a grace period.
     pub async fn delete_item(
         &self,
         caller: &Caller,
         id: &str,
         if_match: Option<u64>,
     ) -> Result<()> {
-        let body = self
-            .retrying(|| async {
-                let defs = self.index_defs().await?;
-                let a = self.access(caller, id, None).await?;
-                self.require_role(&a, Role::Manager, "deleting")?;
-                check_version(&a.item, if_match)?;
-                // Links live in the item's partition; an item has few.
-                let links = self
-                    .store()
-                    .scan(Scan::partition(ITEMS, id.as_bytes().to_vec(), 10_000))
-                    .await?;
-                let mut extra = Batch::new();
-                for row in links.into_iter().filter(|r| !r.clustering.is_empty()) {
-                    extra.delete(tarn_store::Key::new(ITEMS, id.as_bytes(), row.clustering));
-                }
-                self.write_item(&defs, Some(&a.item), None, extra).await?;
-                Ok(a.item.body)
-            })
-            .await?;
-        if let Some(body) = body {
-            // The item is gone; chunks that cannot be removed now are only
-            // unreachable space, so the delete still succeeded.
-            if let Err(e) = self.delete_blob(&body.blob).await {
-                tracing::error!(item_id = %id, blob = %body.blob, error = %e, "body chunks left behind");
+        let links = Scan::partition(ITEMS, id.as_bytes().to_vec(), MAX_LINKS + 1)
+            .bounds(Bound::Included(b"l".to_vec()), Bound::Excluded(b"m".to_vec()));
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            let (_, a, defs, own) = self
+                .read_item_for(&mut snap, caller, id, None, true, &[], &[links.clone()])
+                .await?;
+            drop(snap);
+            let defs = defs.expect("asked for");
+            self.require_role(&a, Role::Manager, "deleting")?;
+            check_version(&a.item, if_match)?;
+            let mut b = Batch::new();
+            for row in &own.scans[0] {
+                b.delete(Key::new(ITEMS, id.as_bytes(), row.clustering.clone()));
             }
-        }
-        Ok(())
+            if let Some(body) = &a.item.body {
+                self.bury_blob(&mut b, &body.blob);
+            }
+            self.update_item(&mut b, &defs, &a, None);
+            self.store().write(b).await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Makes a link key giving `role` (viewer or editor) on the item
@@ -308,13 +422,24 @@ impl Engine {
             ));
         }
         let key = b64(&random_bytes::<24>());
+        let links = Scan::partition(ITEMS, id.as_bytes().to_vec(), MAX_LINKS + 1)
+            .bounds(Bound::Included(b"l".to_vec()), Bound::Excluded(b"m".to_vec()));
         self.retrying(|| async {
-            let a = self.access(caller, id, None).await?;
+            let mut snap = self.snapshot().await?;
+            let (_, a, _, own) = self
+                .read_item_for(&mut snap, caller, id, None, false, &[], &[links.clone()])
+                .await?;
+            drop(snap);
             self.require_role(&a, Role::Manager, "making links")?;
+            if own.scans[0].len() >= MAX_LINKS {
+                return Err(EngineError::Conflict(format!(
+                    "an item has at most {MAX_LINKS} links; remove one first"
+                )));
+            }
             let mut b = Batch::new();
-            // Guarded on the item's version: a link never outlives a delete.
+            // Guarded on the item's revision: a link never outlives a delete.
             b.put(schema::link_key(id, &key), schema::encode(&role), 1)
-                .guard(schema::item_key(id), Expect::Version(a.item.version));
+                .guard(schema::item_key(id), Expect::Version(a.rev));
             self.store().write(b).await?;
             Ok(())
         })
@@ -324,19 +449,30 @@ impl Engine {
 
     /// Removes a link key (managers).
     pub async fn delete_link(&self, caller: &Caller, id: &str, key: &str) -> Result<()> {
-        let a = self.retrying(|| self.access(caller, id, None)).await?;
-        self.require_role(&a, Role::Manager, "removing links")?;
-        let k = schema::link_key(id, key);
-        if self.store().get(k.clone()).await?.is_none() {
+        let Some(k) = link_row(id, Some(key)) else {
             return Err(EngineError::NotFound("no such link".into()));
-        }
-        let mut b = Batch::new();
-        b.delete(k);
-        self.store()
-            .write(b)
-            .await
-            .map_err(|e| EngineError::from(e).settle())
+        };
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            let (_, a, _, own) = self
+                .read_item_for(&mut snap, caller, id, None, false, &[k.clone()], &[])
+                .await?;
+            drop(snap);
+            self.require_role(&a, Role::Manager, "removing links")?;
+            if own.rows[0].is_none() {
+                return Err(EngineError::NotFound("no such link".into()));
+            }
+            let mut b = Batch::new();
+            b.delete(k.clone());
+            self.store().write(b).await?;
+            Ok(())
+        })
+        .await
     }
+}
+
+fn too_many_grants() -> EngineError {
+    EngineError::InvalidInput(format!("an ACL holds at most {MAX_GRANTS} grants"))
 }
 
 pub(crate) fn check_version(item: &Item, if_match: Option<u64>) -> Result<()> {

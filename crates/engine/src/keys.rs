@@ -27,6 +27,23 @@ const TRUE: u8 = 0x03;
 const NUMBER: u8 = 0x04;
 const STRING: u8 = 0x05;
 const MISSING: u8 = 0x06;
+const HASHED: u8 = 0x07;
+
+/// Bytes of a string value that take part in sorting.
+pub const MAX_SORT_BYTES: usize = 256;
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character
+/// boundary.
+pub fn prefix(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
 
 /// The order of one sort field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -58,7 +75,7 @@ pub fn encode_value(out: &mut Vec<u8>, value: Option<&Value>, order: Order) {
         Some(Value::Number(n)) => encode_number(out, n),
         Some(Value::String(s)) => {
             out.push(STRING);
-            encode_str_body(out, s.as_bytes());
+            encode_str_body(out, prefix(s, MAX_SORT_BYTES).as_bytes());
         }
         Some(Value::Array(_) | Value::Object(_)) | None => out.push(MISSING),
     }
@@ -66,6 +83,20 @@ pub fn encode_value(out: &mut Vec<u8>, value: Option<&Value>, order: Order) {
         for b in &mut out[start..] {
             *b = !*b;
         }
+    }
+}
+
+/// Appends a where-value: equal values encode equally and different ones
+/// differently, whatever their length (a long string is encoded by its
+/// SHA-256). Order does not matter: where-values are in partition keys.
+pub fn encode_where(out: &mut Vec<u8>, value: Option<&Value>) {
+    match value {
+        Some(Value::String(s)) if s.len() > MAX_SORT_BYTES => {
+            out.push(HASHED);
+            use sha2::Digest;
+            out.extend_from_slice(&sha2::Sha256::digest(s.as_bytes()));
+        }
+        v => encode_value(out, v, Order::Asc),
     }
 }
 
@@ -210,6 +241,25 @@ mod tests {
         assert!(e(json!(u64::MAX - 1)) < e(json!(u64::MAX)));
         assert!(e(json!(9_007_199_254_740_993u64)) > e(json!(9_007_199_254_740_992u64)));
         assert!(e(json!(i64::MIN)) < e(json!(i64::MIN + 1)));
+    }
+
+    #[test]
+    fn long_sort_strings_are_cut_long_where_values_stay_exact() {
+        let long_a = "é".repeat(200) + "a";
+        let long_b = "é".repeat(200) + "b";
+        let e = |s: &str| encoded(Some(&json!(s)), Order::Asc);
+        assert!(e(&long_a).len() < MAX_SORT_BYTES + 8, "a sort key is bounded");
+        assert_eq!(e(&long_a), e(&long_b), "past the prefix, values tie");
+        assert!(e("a") < e(&long_a));
+        let w = |s: &str| {
+            let mut out = Vec::new();
+            encode_where(&mut out, Some(&json!(s)));
+            out
+        };
+        assert_ne!(w(&long_a), w(&long_b), "where-values stay exact");
+        assert_eq!(w(&long_a), w(&long_a.clone()));
+        assert_eq!(w("short"), e("short"));
+        assert_eq!(prefix("aé", 2), "a", "cut at a character boundary");
     }
 
     #[test]

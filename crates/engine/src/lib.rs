@@ -3,10 +3,15 @@
 //! nothing else — no HTTP, no database driver.
 //!
 //! Every user-visible operation is one method of [`Engine`] that takes the
-//! caller, reads what it needs, and ends in one atomic store write guarded on
-//! what it read. A store conflict or a failed guard runs the whole operation
-//! again (bounded, with backoff); nothing is cached between operations, so a
-//! revocation holds on the next call on every node.
+//! caller as presented (a session token, or nobody), opens one read
+//! snapshot, resolves who the caller is and what they belong to through it
+//! together with everything else the operation reads, drops it, and ends in
+//! at most one atomic store write guarded on what it read. A store conflict
+//! or a failed guard runs the whole operation again (bounded, with
+//! backoff). Nothing is kept between operations but decoded index
+//! declarations, looked up by the declarations version each operation reads
+//! in its own snapshot, so nothing kept can be stale: a revocation holds on
+//! the next call on every node.
 //!
 //! Listings never filter or sort items: each is answered from an index whose
 //! partitions are keyed by reader principal (see [`indexes`] and
@@ -14,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+mod actor;
 mod bodies;
 mod error;
 mod groups;
@@ -27,11 +33,11 @@ mod throttle;
 mod users;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tarn_store::Store;
+use tarn_store::{Snapshot, Store};
 
 pub use bodies::{BodyRange, BodyReader, BodyUpload};
 pub use error::{EngineError, Result};
@@ -42,50 +48,26 @@ pub use listing::{ListQuery, Page, Scope};
 pub use model::{
     is_valid_name, merge_patch, BodyMeta, Grant, Group, Item, ItemView, Principal, Role, User,
 };
-pub use throttle::{ADDRESS_FAILURES, USER_FAILURES};
+pub use throttle::{ADDRESS_FAILURES, PAIR_FAILURES};
 pub use users::{Me, NewUser, PasswordCost};
 
-/// Who is asking.
+/// Who is asking, as a request presents it. Credentials are checked inside
+/// each operation, in the same snapshot as the rest of its reads, so nothing
+/// about a request is decided twice or in two states of the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
     /// No credentials: principal `everyone` only.
     Anonymous,
-    /// A signed-in user.
+    /// A session token, checked by the operation.
+    Token(String),
+    /// A user the process itself vouches for (the command line, tests):
+    /// no session is checked, memberships are read as for anyone.
     User {
         /// The username.
         username: String,
-        /// Whether the user is an administrator.
+        /// Whether the user acts as an administrator.
         admin: bool,
     },
-}
-
-impl Caller {
-    /// The username, if signed in.
-    pub fn username(&self) -> Option<&str> {
-        match self {
-            Caller::Anonymous => None,
-            Caller::User { username, .. } => Some(username),
-        }
-    }
-
-    /// Whether the caller is an administrator.
-    pub fn is_admin(&self) -> bool {
-        matches!(self, Caller::User { admin: true, .. })
-    }
-
-    pub(crate) fn require_user(&self) -> Result<&str> {
-        self.username()
-            .ok_or_else(|| EngineError::Unauthenticated("sign in first".into()))
-    }
-
-    pub(crate) fn require_admin(&self) -> Result<()> {
-        self.require_user()?;
-        if self.is_admin() {
-            Ok(())
-        } else {
-            Err(EngineError::Forbidden("administrators only".into()))
-        }
-    }
 }
 
 /// Where time comes from.
@@ -122,10 +104,6 @@ pub struct EngineConfig {
     pub max_properties: usize,
     /// Largest item body, in bytes.
     pub max_body: u64,
-    /// Bound on how long a write may take between reading the index
-    /// declarations and committing. Index builds wait twice this before
-    /// backfilling, so no write that missed a new index can land after it.
-    pub write_lease: Duration,
     /// Most attempts of one operation when the store reports conflicts.
     pub max_attempts: u32,
     /// Password hashes computed at once. Each Argon2id hash takes its
@@ -133,21 +111,35 @@ pub struct EngineConfig {
     /// memory flat and leaves cores to every other request when sign-ins
     /// pile up.
     pub password_hashers: usize,
+    /// Sign-ins and sign-ups that may wait for a hasher; past it they are
+    /// answered `unavailable` at once instead of queueing for seconds.
+    pub password_queue: usize,
+    /// Groups one user may create per hour (administrators are not counted).
+    pub groups_per_hour: u32,
+    /// How long a replaced or deleted body's bytes stay readable, so that
+    /// downloads that started before the change finish.
+    pub body_grace: Duration,
+    /// How often a node looks for bodies whose grace is over (and uploads
+    /// abandoned by a node that stopped) to remove their bytes.
+    pub sweep_every: Duration,
     /// Source of timestamps.
     pub clock: Clock,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
+        let hashers = std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1));
         EngineConfig {
             password_cost: PasswordCost::default(),
             session_ttl: Duration::from_secs(30 * 24 * 3600),
             max_properties: 64 * 1024,
             max_body: 1 << 30,
-            write_lease: Duration::from_secs(2),
             max_attempts: 8,
-            password_hashers: std::thread::available_parallelism()
-                .map_or(1, |n| (n.get() / 2).max(1)),
+            password_hashers: hashers,
+            password_queue: 16 * hashers,
+            groups_per_hour: 100,
+            body_grace: Duration::from_secs(6 * 3600),
+            sweep_every: Duration::from_secs(60),
             clock: Clock::System,
         }
     }
@@ -163,23 +155,34 @@ pub struct Engine {
 struct Inner {
     store: Arc<dyn Store>,
     config: EngineConfig,
+    /// Distinguishes this engine's entries in per-thread caches.
+    id: u64,
+    /// Buckets of the partitions every reader shares (`everyone`,
+    /// `authenticated`): the store's layout, fixed when it was created.
+    split: u32,
     retries: AtomicU64,
     /// The bounded pool of password hashing (like a connection pool: the
     /// only thing requests share besides the store's pools).
     hashing: tokio::sync::Semaphore,
+    /// Callers waiting for a hasher, to bound that queue.
+    hash_waiting: AtomicUsize,
 }
 
 impl Engine {
-    /// An engine over `store`. Call [`Engine::resume_index_work`] once at
-    /// start to finish index builds and drops a stopped node left behind.
+    /// An engine over `store`. Call [`Engine::start`] once when serving, to
+    /// check the store's layout and finish index work a stopped node left.
     pub fn new(store: Arc<dyn Store>, config: EngineConfig) -> Engine {
         let hashers = config.password_hashers.max(1);
+        let split = store.partition_split().clamp(1, 64);
         Engine {
             inner: Arc::new(Inner {
                 store,
                 config,
+                id: random_u64(),
+                split,
                 retries: AtomicU64::new(0),
                 hashing: tokio::sync::Semaphore::new(hashers),
+                hash_waiting: AtomicUsize::new(0),
             }),
         }
     }
@@ -201,6 +204,58 @@ impl Engine {
 
     pub(crate) fn now(&self) -> i64 {
         self.inner.config.clock.now()
+    }
+
+    pub(crate) fn split(&self) -> u32 {
+        self.inner.split
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// A read snapshot of the store: every read of an operation goes
+    /// through one, dropped before the operation writes.
+    pub(crate) async fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
+        Ok(self.inner.store.snapshot().await?)
+    }
+
+    /// Checks the store's layout (written by the first start) against this
+    /// engine's, then resumes index builds and drops a stopped node left.
+    pub async fn start(&self) -> Result<()> {
+        self.check_layout().await?;
+        self.resume_index_work().await?;
+        self.resume_sweeps();
+        Ok(())
+    }
+
+    /// Writes the store's layout at its first start; refuses a store laid
+    /// out for another number of buckets than this backend asks for.
+    async fn check_layout(&self) -> Result<()> {
+        use tarn_store::SnapshotExt;
+        let key = schema::layout_key();
+        let want = self.split();
+        let row = self.retrying(|| async { Ok(self.snapshot().await?.get(&key).await?) }).await?;
+        match row {
+            Some(r) => {
+                let have: u32 = schema::decode("layout", &r)?;
+                if have != want {
+                    return Err(EngineError::Conflict(format!(
+                        "this store was laid out for {have} buckets and this backend asks for {want}; move it with tarn export and tarn import"
+                    )));
+                }
+                Ok(())
+            }
+            None => {
+                let mut b = tarn_store::Batch::new();
+                b.put(key.clone(), schema::encode(&want), 1)
+                    .guard(key.clone(), tarn_store::Expect::Absent);
+                match self.store().write(b).await {
+                    Ok(()) | Err(tarn_store::StoreError::GuardFailed { .. }) => Ok(()),
+                    Err(e) => Err(EngineError::from(e).settle()),
+                }
+            }
+        }
     }
 
     /// Runs `op` until it succeeds, fails for good, or has used its attempts.
@@ -234,7 +289,7 @@ pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     b
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     u64::from_le_bytes(random_bytes::<8>())
 }
 

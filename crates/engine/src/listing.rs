@@ -1,25 +1,38 @@
 //! Listings: pick the index that serves the query, read each of the caller's
-//! principals' partitions from the cursor with the page limit, merge them
-//! with a heap, drop duplicates, and return the page with an opaque cursor.
+//! principals' partitions from the cursor, merge them, drop duplicates, and
+//! return the page with an opaque cursor.
 //!
-//! Cost: one bounded scan per principal plus one point read per returned
-//! item — never a function of the pool's size. Why reading `limit + 1` rows
-//! per partition is enough: a key among the first `limit` distinct keys of
-//! the union has fewer than `limit` distinct keys before it, so it lies
-//! within the first `limit` rows of its own partition.
+//! Cost never depends on the pool's size, only on the page and the
+//! caller's principals, and it is bounded for any of them. The merge is
+//! lazy: each partition is first read for a few rows (all `limit + 1` when
+//! the caller has few partitions, fewer when they have many, so that a
+//! member of a thousand groups does not read a thousand pages), and a
+//! partition is read again, for twice as many rows, only when its last row
+//! read could still come before the next row to return. Reading
+//! `limit + 1` rows per partition would always be enough: a key among the
+//! first `limit` distinct keys of the union has fewer than `limit` distinct
+//! keys before it, so it lies within the first `limit` rows of its own
+//! partition.
+//!
+//! Round trips: the first read takes the session, the user, the index
+//! declarations' version and the direct memberships; the second the next
+//! level of memberships together with the index partitions of every
+//! principal known so far; then the items. Without nested groups (or
+//! without groups) a listing is three dependent reads.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::ops::Bound;
 
 use serde_json::{json, Value};
-use tarn_store::{Direction, Row, Scan};
+use tarn_store::{Direction, Row, Scan, SnapshotExt};
 
+use crate::actor::Resolve;
 use crate::error::{EngineError, Result};
 use crate::indexes::{IndexDef, IndexState, SortField};
 use crate::keys::Order;
-use crate::schema::{self, INDEX};
-use crate::{b64, unb64, Caller, Engine, Item, ItemView, Role};
+use crate::schema::{self, ItemRow, INDEX};
+use crate::{b64, unb64, Caller, Engine, ItemView, Principal, Role};
 
 /// Largest page.
 pub const MAX_LIMIT: usize = 1000;
@@ -113,76 +126,253 @@ fn decode_cursor(cursor: &str, index: &str, direction: Direction) -> Result<Vec<
     Ok(c[3 + n..].to_vec())
 }
 
-/// One partition's next row in the merge.
-struct Head<'a> {
-    key: &'a [u8],
-    part: usize,
-    pos: usize,
+/// One partition read by a listing.
+struct Source {
+    partition: Vec<u8>,
+    /// Rows read and not yet merged, in merge order.
+    buf: std::collections::VecDeque<Row>,
+    /// The last clustering key read: the next read starts after it.
+    last: Option<Vec<u8>>,
+    /// Whether the partition has no row after `last`.
+    exhausted: bool,
+    /// Rows the next read asks for.
+    next_read: usize,
+}
+
+/// A head of the merge: the next row of one source.
+struct Head {
+    key: Vec<u8>,
+    source: usize,
     reverse: bool,
 }
 
-impl PartialEq for Head<'_> {
+impl PartialEq for Head {
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other) == Ordering::Equal
     }
 }
-impl Eq for Head<'_> {}
-impl PartialOrd for Head<'_> {
+impl Eq for Head {}
+impl PartialOrd for Head {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Head<'_> {
+impl Ord for Head {
     /// The heap pops its greatest: the smallest key going forward, the
-    /// largest going in reverse.
+    /// largest going in reverse; then the lowest source.
     fn cmp(&self, other: &Self) -> Ordering {
-        let by_key = self.key.cmp(other.key);
+        let by_key = self.key.cmp(&other.key);
         let by_key = if self.reverse {
             by_key
         } else {
             by_key.reverse()
         };
-        by_key.then(other.part.cmp(&self.part))
+        by_key.then(other.source.cmp(&self.source))
     }
 }
 
-/// Merges sorted partitions, dropping duplicates, up to `want` rows.
-fn merge(parts: &[Vec<Row>], reverse: bool, want: usize) -> Vec<&Row> {
-    let mut heap = BinaryHeap::with_capacity(parts.len());
-    for (part, rows) in parts.iter().enumerate() {
-        if let Some(first) = rows.first() {
-            heap.push(Head {
-                key: &first.clustering,
-                part,
-                pos: 0,
-                reverse,
-            });
+/// A lazy k-way merge of sorted partitions that asks for more rows of a
+/// partition only when it needs them (see the module's documentation).
+pub(crate) struct Merge {
+    table: tarn_store::Table,
+    direction: Direction,
+    /// Where the previous page ended.
+    after: Option<Vec<u8>>,
+    want: usize,
+    sources: Vec<Source>,
+    heads: BinaryHeap<Head>,
+    /// Sources whose rows read are all merged but that may have more.
+    pending: Vec<usize>,
+    /// Sources with a read in flight.
+    reading: Vec<usize>,
+    out: Vec<Row>,
+}
+
+/// What the merge needs next.
+pub(crate) enum Step {
+    /// Read these scans and hand their answers to [`Merge::absorb`].
+    Read(Vec<Scan>),
+    /// The page is complete.
+    Done,
+}
+
+impl Merge {
+    pub(crate) fn new(
+        table: tarn_store::Table,
+        direction: Direction,
+        after: Option<Vec<u8>>,
+        want: usize,
+    ) -> Merge {
+        Merge {
+            table,
+            direction,
+            after,
+            want,
+            sources: Vec::new(),
+            heads: BinaryHeap::new(),
+            pending: Vec::new(),
+            reading: Vec::new(),
+            out: Vec::with_capacity(want),
         }
     }
-    let mut out: Vec<&Row> = Vec::with_capacity(want);
-    while let Some(head) = heap.pop() {
-        let row = &parts[head.part][head.pos];
-        // Equal keys are the same item read through two principals; they
-        // come out of the heap one after the other.
-        if out
-            .last()
-            .is_none_or(|last| last.clustering != row.clustering)
-        {
-            out.push(row);
-            if out.len() == want {
-                break;
+
+    fn reverse(&self) -> bool {
+        self.direction == Direction::Reverse
+    }
+
+    /// `a` comes before `b` in merge order.
+    fn before(&self, a: &[u8], b: &[u8]) -> bool {
+        if self.reverse() {
+            a > b
+        } else {
+            a < b
+        }
+    }
+
+    /// Adds partitions to merge; `expected` is how many there will be in
+    /// all, to size the first reads.
+    pub(crate) fn add(&mut self, partitions: Vec<Vec<u8>>, expected: usize) {
+        let expected = expected.max(1);
+        let first = if expected <= 16 {
+            self.want
+        } else {
+            (self.want * 4 / expected).max(4).min(self.want)
+        };
+        let first = first.min(tarn_store::MAX_READ_ROWS / expected).max(1);
+        for partition in partitions {
+            let i = self.sources.len();
+            self.sources.push(Source {
+                partition,
+                buf: Default::default(),
+                last: None,
+                exhausted: false,
+                next_read: first,
+            });
+            self.pending.push(i);
+        }
+    }
+
+    fn scan_of(&self, s: &Source) -> Scan {
+        let from = s.last.clone().or_else(|| self.after.clone());
+        let scan = Scan::partition(self.table, s.partition.clone(), s.next_read)
+            .direction(self.direction);
+        match (from, self.direction) {
+            (None, _) => scan,
+            (Some(k), Direction::Forward) => scan.bounds(Bound::Excluded(k), Bound::Unbounded),
+            (Some(k), Direction::Reverse) => scan.bounds(Bound::Unbounded, Bound::Excluded(k)),
+        }
+    }
+
+    /// Reads for every source that has never been read (the first round).
+    pub(crate) fn first_reads(&mut self) -> Vec<Scan> {
+        let unread: Vec<usize> = self
+            .pending
+            .iter()
+            .copied()
+            .filter(|i| self.sources[*i].last.is_none())
+            .collect();
+        self.pending.retain(|i| self.sources[*i].last.is_some());
+        self.start_reads(unread)
+    }
+
+    fn start_reads(&mut self, which: Vec<usize>) -> Vec<Scan> {
+        let mut budget = tarn_store::MAX_READ_ROWS;
+        let mut scans = Vec::with_capacity(which.len());
+        for i in which {
+            let s = &mut self.sources[i];
+            s.next_read = s.next_read.min(budget.max(1));
+            budget = budget.saturating_sub(s.next_read);
+            scans.push(self.scan_of(&self.sources[i]));
+            self.reading.push(i);
+        }
+        scans
+    }
+
+    /// Takes the answers to the last reads asked for, in order.
+    pub(crate) fn absorb(&mut self, answers: Vec<Vec<Row>>) {
+        let reading = std::mem::take(&mut self.reading);
+        for (i, rows) in reading.into_iter().zip(answers) {
+            let reverse = self.reverse();
+            let s = &mut self.sources[i];
+            s.exhausted = rows.len() < s.next_read;
+            s.next_read = (s.next_read * 2).min(self.want.max(1));
+            if let Some(last) = rows.last() {
+                s.last = Some(last.clustering.clone());
+            }
+            let was_empty = s.buf.is_empty();
+            s.buf.extend(rows);
+            if was_empty {
+                if let Some(front) = s.buf.front() {
+                    self.heads.push(Head {
+                        key: front.clustering.clone(),
+                        source: i,
+                        reverse,
+                    });
+                } else if !s.exhausted {
+                    self.pending.push(i);
+                }
             }
         }
-        if let Some(next) = parts[head.part].get(head.pos + 1) {
-            heap.push(Head {
-                key: &next.clustering,
-                part: head.part,
-                pos: head.pos + 1,
-                reverse,
-            });
+    }
+
+    /// Merges as far as the rows read allow; asks for reads of the
+    /// partitions that could hold the next row, or says the page is done.
+    pub(crate) fn step(&mut self) -> Step {
+        loop {
+            if self.out.len() >= self.want {
+                return Step::Done;
+            }
+            // A source that is not exhausted and whose last row read comes
+            // before the next head may hold rows before that head.
+            let top = self.heads.peek().map(|h| h.key.clone());
+            let blocking: Vec<usize> = self
+                .pending
+                .iter()
+                .copied()
+                .filter(|i| {
+                    let s = &self.sources[*i];
+                    !s.exhausted
+                        && match (&s.last, &top) {
+                            (None, _) | (_, None) => true,
+                            (Some(last), Some(top)) => self.before(last, top),
+                        }
+                })
+                .collect();
+            if !blocking.is_empty() {
+                self.pending.retain(|i| !blocking.contains(i));
+                return Step::Read(self.start_reads(blocking));
+            }
+            let Some(head) = self.heads.pop() else {
+                return Step::Done;
+            };
+            let reverse = self.reverse();
+            let s = &mut self.sources[head.source];
+            let row = s.buf.pop_front().expect("a head has a row");
+            match s.buf.front() {
+                Some(next) => self.heads.push(Head {
+                    key: next.clustering.clone(),
+                    source: head.source,
+                    reverse,
+                }),
+                None if !s.exhausted => self.pending.push(head.source),
+                None => {}
+            }
+            // Equal keys are one item read through two principals; they
+            // come out of the merge one after the other.
+            if self
+                .out
+                .last()
+                .is_none_or(|last| last.clustering != row.clustering)
+            {
+                self.out.push(row);
+            }
         }
     }
-    out
+
+    /// The merged rows.
+    pub(crate) fn rows(self) -> Vec<Row> {
+        self.out
+    }
 }
 
 fn suggest(kind: Option<&str>, fields: &BTreeMap<String, Value>, sort: &[SortField]) -> String {
@@ -276,6 +466,11 @@ impl Engine {
         check_limit(q.limit)?;
         let mut fields: BTreeMap<String, Value> = BTreeMap::new();
         for (f, v) in &q.where_ {
+            if matches!(v, Value::Array(_) | Value::Object(_)) {
+                return Err(EngineError::InvalidInput(format!(
+                    "where.{f}: a where value is a string, number, boolean or null"
+                )));
+            }
             if fields.insert(f.clone(), v.clone()).is_some() {
                 return Err(EngineError::InvalidInput(format!(
                     "where.{f} is given twice"
@@ -284,16 +479,7 @@ impl Engine {
         }
         if let Some(kind) = &q.kind {
             fields.insert("kind".into(), Value::from(kind.clone()));
-        }
-        if q.scope == Scope::Mine {
-            let me = Value::from(caller.require_user()?);
-            if fields.get("createdBy").is_some_and(|v| *v != me) {
-                return Err(EngineError::InvalidInput(
-                    "scope=mine lists your own items; drop where.createdBy".into(),
-                ));
-            }
-            fields.insert("createdBy".into(), me);
-        } else if q.kind.is_none() {
+        } else if q.scope != Scope::Mine {
             return Err(EngineError::InvalidInput("kind is required".into()));
         }
         let sort = if q.sort.is_empty() {
@@ -304,7 +490,7 @@ impl Engine {
         } else {
             q.sort.clone()
         };
-        self.retrying(|| self.list_once(caller, q, &fields, &sort))
+        self.retrying(|| self.list_once(caller, q, fields.clone(), &sort))
             .await
     }
 
@@ -312,39 +498,72 @@ impl Engine {
         &self,
         caller: &Caller,
         q: &ListQuery,
-        fields: &BTreeMap<String, Value>,
+        mut fields: BTreeMap<String, Value>,
         sort: &[SortField],
     ) -> Result<Page> {
-        let defs = self.index_defs().await?;
-        let plan = self.plan(&defs.defs, q, fields, sort)?;
-        let principals = self.principals(caller).await?;
+        let mut snap = self.snapshot().await?;
+        let mut res = Resolve::new(caller)?;
+        // First read: who is asking, and the declarations' version.
+        let mut gets = res.first_gets();
+        let first = gets.len();
+        gets.push(schema::defs_version_key());
+        let out = snap.read(&gets, &res.scans()).await?;
+        res.absorb_first(self, &out.rows[..first])?;
+        res.absorb_scans(&out.scans)?;
+        let defs = self.defs_at(&mut snap, &out.rows[first]).await?;
+        let me = res.principals();
+        if q.scope == Scope::Mine {
+            let Some(Principal::User(username)) = me.first() else {
+                return Err(EngineError::Unauthenticated("sign in first".into()));
+            };
+            let username = Value::from(username.as_str());
+            if fields.get("createdBy").is_some_and(|v| *v != username) {
+                return Err(EngineError::InvalidInput(
+                    "scope=mine lists your own items; drop where.createdBy".into(),
+                ));
+            }
+            fields.insert("createdBy".into(), username);
+        }
+        let plan = self.plan(&defs.defs, q, &fields, sort)?;
         let after = match &q.cursor {
             Some(c) => Some(decode_cursor(c, &plan.def.name, plan.direction)?),
             None => None,
         };
         let values: Vec<Option<&Value>> = plan.where_values.iter().map(Some).collect();
-        let scans = principals
-            .iter()
-            .map(|p| {
-                let mut scan = Scan::partition(INDEX, plan.def.partition(p, &values), q.limit + 1)
-                    .direction(plan.direction);
-                if let Some(after) = &after {
-                    scan = match plan.direction {
-                        Direction::Forward => {
-                            scan.bounds(Bound::Excluded(after.clone()), Bound::Unbounded)
-                        }
-                        Direction::Reverse => {
-                            scan.bounds(Bound::Unbounded, Bound::Excluded(after.clone()))
-                        }
-                    };
-                }
-                scan
-            })
-            .collect();
-        let parts = self.store().scan_many(scans).await?;
-        let rows = merge(&parts, plan.direction == Direction::Reverse, q.limit + 1);
+        let split = self.split();
+        let mut merge = Merge::new(INDEX, plan.direction, after, q.limit + 1);
+        let mut added = 0;
+        // Then, while memberships are still being walked, every read also
+        // takes the index partitions of the principals found so far.
+        loop {
+            let principals = res.principals();
+            let new: Vec<Vec<u8>> = principals[added..]
+                .iter()
+                .flat_map(|p| plan.def.partitions(p, split, &values))
+                .collect();
+            let expected = principals.len() + 2 * split.saturating_sub(1) as usize;
+            added = principals.len();
+            merge.add(new, expected);
+            let walk = res.scans();
+            let index = merge.first_reads();
+            if walk.is_empty() && index.is_empty() {
+                break;
+            }
+            let n = walk.len();
+            let out = snap.read(&[], &[walk, index].concat()).await?;
+            let mut scans = out.scans;
+            let index_rows = scans.split_off(n);
+            res.absorb_scans(&scans)?;
+            merge.absorb(index_rows);
+        }
+        let actor = res.finish();
+        while let Step::Read(scans) = merge.step() {
+            let out = snap.read(&[], &scans).await?;
+            merge.absorb(out.scans);
+        }
+        let rows = merge.rows();
         let more = rows.len() > q.limit;
-        let page: Vec<&Row> = rows.into_iter().take(q.limit).collect();
+        let page = &rows[..rows.len().min(q.limit)];
         let next = if more {
             page.last()
                 .map(|r| encode_cursor(&plan.def.name, plan.direction, &r.clustering))
@@ -354,27 +573,33 @@ impl Engine {
         let keys = page
             .iter()
             .map(|r| {
-                String::from_utf8(r.value.clone())
-                    .map(|id| schema::item_key(&id))
+                std::str::from_utf8(&r.value)
+                    .map(schema::item_key)
                     .map_err(|e| crate::error::corrupt("index row", e))
             })
             .collect::<Result<Vec<_>>>()?;
+        let found = snap.get_many(&keys).await?;
+        drop(snap);
         let mut items = Vec::with_capacity(keys.len());
-        for row in self.store().get_many(keys).await?.into_iter().flatten() {
-            let item: Item = schema::decode("item", &row)?;
-            // The index said readable; the item row has the last word (a
-            // change may have landed between the two reads).
-            let role = if caller.is_admin() {
+        for row in found.into_iter().flatten() {
+            let stored: ItemRow = schema::decode("item", &row)?;
+            // The index said readable; on a store without snapshots the item
+            // row has the last word (a change may land between two reads).
+            let role = if actor.admin {
                 Some(Role::Manager)
             } else {
-                item.role_of(&principals)
+                stored.item.role_of(&actor.principals)
             };
             if let Some(role) = role {
-                items.push(ItemView { item, role });
+                items.push(ItemView {
+                    item: stored.item,
+                    role,
+                });
             }
         }
         Ok(Page { items, next })
     }
+
 }
 
 #[cfg(test)]
@@ -389,22 +614,80 @@ mod tests {
         }
     }
 
+    /// Runs a merge against in-memory partitions, counting rows read.
+    fn run(parts: &[Vec<u8>], reverse: bool, want: usize) -> (Vec<u8>, usize) {
+        let direction = if reverse {
+            Direction::Reverse
+        } else {
+            Direction::Forward
+        };
+        let table = tarn_store::Table::new("t");
+        let mut m = Merge::new(table, direction, None, want);
+        let names: Vec<Vec<u8>> = (0..parts.len()).map(|i| vec![i as u8]).collect();
+        m.add(names, parts.len());
+        let answer = |scans: Vec<Scan>| -> Vec<Vec<Row>> {
+            scans
+                .iter()
+                .map(|s| {
+                    let mut keys: Vec<u8> = parts[s.partition[0] as usize]
+                        .iter()
+                        .copied()
+                        .filter(|k| s.contains(&[*k]))
+                        .collect();
+                    keys.sort();
+                    if reverse {
+                        keys.reverse();
+                    }
+                    keys.iter().take(s.limit).map(|k| row(&[*k])).collect()
+                })
+                .collect()
+        };
+        let mut read = 0;
+        let first = m.first_reads();
+        let got = answer(first);
+        read += got.iter().map(Vec::len).sum::<usize>();
+        m.absorb(got);
+        while let Step::Read(scans) = m.step() {
+            let got = answer(scans);
+            read += got.iter().map(Vec::len).sum::<usize>();
+            m.absorb(got);
+        }
+        (m.rows().iter().map(|r| r.clustering[0]).collect(), read)
+    }
+
     #[test]
     fn merge_drops_duplicates_both_directions() {
-        let parts = vec![
-            vec![row(b"a"), row(b"c"), row(b"e")],
-            vec![row(b"b"), row(b"c"), row(b"d")],
-            vec![],
-            vec![row(b"a")],
-        ];
-        let keys = |rows: Vec<&Row>| -> Vec<u8> { rows.iter().map(|r| r.clustering[0]).collect() };
-        assert_eq!(keys(merge(&parts, false, 10)), b"abcde".to_vec());
-        assert_eq!(keys(merge(&parts, false, 3)), b"abc".to_vec());
-        let rev: Vec<Vec<Row>> = parts
-            .iter()
-            .map(|p| p.iter().rev().cloned().collect())
+        let parts = vec![b"ace".to_vec(), b"bcd".to_vec(), vec![], b"a".to_vec()];
+        assert_eq!(run(&parts, false, 10).0, b"abcde".to_vec());
+        assert_eq!(run(&parts, false, 3).0, b"abc".to_vec());
+        assert_eq!(run(&parts, true, 10).0, b"edcba".to_vec());
+        assert_eq!(run(&parts, true, 2).0, b"ed".to_vec());
+    }
+
+    #[test]
+    fn merge_of_many_partitions_reads_few_rows() {
+        // 1000 partitions of 50 rows each; the first 26 keys overall live
+        // in the first few partitions.
+        let parts: Vec<Vec<u8>> = (0..1000)
+            .map(|p| {
+                let base = if p < 3 { 0u8 } else { 100u8 };
+                (0..50u8).map(|k| base.saturating_add(k)).collect()
+            })
             .collect();
-        assert_eq!(keys(merge(&rev, true, 10)), b"edcba".to_vec());
+        let (keys, read) = run(&parts, false, 26);
+        assert_eq!(keys, (0..26u8).collect::<Vec<_>>());
+        assert!(read < 1000 * 26 / 4, "read {read} rows");
+    }
+
+    #[test]
+    fn merge_refills_exactly_what_it_needs() {
+        // One partition holds every key; many hold none.
+        let mut parts: Vec<Vec<u8>> = vec![(0..200u8).collect()];
+        parts.extend((0..99).map(|_| Vec::new()));
+        let (keys, _) = run(&parts, false, 101);
+        assert_eq!(keys, (0..101u8).collect::<Vec<_>>());
+        let (keys, _) = run(&parts, true, 5);
+        assert_eq!(keys, vec![199, 198, 197, 196, 195]);
     }
 
     #[test]

@@ -1,19 +1,28 @@
 //! Where everything lives in the store: tables, key layouts, row codecs.
 //!
+//! No key is empty (a distributed backend cannot store one): rows that are
+//! alone in their partition have a one-letter clustering key.
+//!
 //! | table | partition | clustering | value |
 //! | --- | --- | --- | --- |
-//! | `users` | username | empty | [`User`](crate::User) JSON |
-//! | `sessions` | SHA-256 of the token | empty | [`SessionRow`] JSON |
-//! | `user_sessions` | username | SHA-256 of the token | empty |
-//! | `groups` | group id | empty | [`Group`](crate::Group) JSON (managers inside) |
-//! | `members` | group id | member principal | empty |
-//! | `memberships` | member principal | group id | empty |
-//! | `meta` | `graph` | empty | empty; guards group nesting changes |
-//! | `items` | item id | empty: the item; `l` + SHA-256 of a link key: the link | item JSON / role |
-//! | `kinds` | kind | item id | empty: every item of a kind, for index builds |
+//! | `users` | username | `u` | [`User`](crate::User) JSON |
+//! | `sessions` | SHA-256 of the token | `s` | [`SessionRow`] JSON |
+//! | `user_sessions` | username | SHA-256 of the token | `-` |
+//! | `groups` | group id | `g` | [`Group`](crate::Group) JSON (managers inside) |
+//! | `members` | group id | member principal | `-` |
+//! | `memberships` | member principal | group id | `-` |
+//! | `meta` | `graph` / `layout` | `g` / `l` | guards group nesting / the layout |
+//! | `items` | item id | `i`: the item; `l` + SHA-256 of a link key: the link | [`ItemRow`] JSON / role |
+//! | `kinds` | kind, bucket | item id: every item of a kind, for index builds; `\0`: the bucket's declarations stamp | `-` |
 //! | `blobs` | blob id | chunk number, 8 bytes big-endian | bytes |
-//! | `index_defs` | empty | index name | [`IndexDef`](crate::IndexDef) JSON |
-//! | `idx` | index name, principal, where-values | sort-values, item id | item id |
+//! | `graveyard` | `g` + due hour | due time, blob id | blobs to remove once no download can need them |
+//! | `index_defs` | `defs` | index name; `\0v`: the declarations version | [`IndexDef`](crate::IndexDef) JSON |
+//! | `idx` | index uid, principal, bucket (shared principals only), where-values | sort-values, item id | item id |
+//! | `throttle` | what is counted | `w` | a window of failures |
+//!
+//! Row versions are revisions chosen by the writer (the old one plus one),
+//! separate from an item's own `version`: background work (an index build)
+//! may rewrite a row without changing what users see.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -31,23 +40,52 @@ pub(crate) const META: Table = Table::new("meta");
 pub(crate) const ITEMS: Table = Table::new("items");
 pub(crate) const KINDS: Table = Table::new("kinds");
 pub(crate) const BLOBS: Table = Table::new("blobs");
+pub(crate) const GRAVEYARD: Table = Table::new("graveyard");
 pub(crate) const INDEX_DEFS: Table = Table::new("index_defs");
 pub(crate) const INDEX: Table = Table::new("idx");
+pub(crate) const THROTTLE: Table = Table::new("throttle");
+
+/// The value of rows whose key says everything.
+pub(crate) const MARK: &[u8] = b"-";
+/// Clustering key of the item row in an item's partition.
+pub(crate) const ITEM_ROW: &[u8] = b"i";
+/// Clustering key of a kind bucket's declarations stamp (item ids never
+/// start with a zero byte).
+pub(crate) const STAMP_ROW: &[u8] = b"\0";
+/// Partition of the index declarations.
+pub(crate) const DEFS_PARTITION: &[u8] = b"defs";
+/// Clustering key of the declarations version (names never start with a
+/// zero byte).
+pub(crate) const DEFS_VERSION_ROW: &[u8] = b"\0v";
+/// Buckets of each kind's partition of `kinds`.
+pub(crate) const KIND_BUCKETS: u8 = 16;
 
 pub(crate) fn user_key(username: &str) -> Key {
-    Key::new(USERS, username.as_bytes(), Vec::new())
+    Key::new(USERS, username.as_bytes(), b"u".to_vec())
+}
+
+pub(crate) fn session_key(hash: &[u8; 32]) -> Key {
+    Key::new(SESSIONS, hash.to_vec(), b"s".to_vec())
+}
+
+pub(crate) fn user_session_key(username: &str, hash: &[u8; 32]) -> Key {
+    Key::new(USER_SESSIONS, username.as_bytes(), hash.to_vec())
 }
 
 pub(crate) fn group_key(id: &str) -> Key {
-    Key::new(GROUPS, id.as_bytes(), Vec::new())
+    Key::new(GROUPS, id.as_bytes(), b"g".to_vec())
 }
 
 pub(crate) fn graph_key() -> Key {
-    Key::new(META, b"graph".to_vec(), Vec::new())
+    Key::new(META, b"graph".to_vec(), b"g".to_vec())
+}
+
+pub(crate) fn layout_key() -> Key {
+    Key::new(META, b"layout".to_vec(), b"l".to_vec())
 }
 
 pub(crate) fn item_key(id: &str) -> Key {
-    Key::new(ITEMS, id.as_bytes(), Vec::new())
+    Key::new(ITEMS, id.as_bytes(), ITEM_ROW.to_vec())
 }
 
 pub(crate) fn link_key(item: &str, link: &str) -> Key {
@@ -56,12 +94,40 @@ pub(crate) fn link_key(item: &str, link: &str) -> Key {
     Key::new(ITEMS, item.as_bytes(), clus)
 }
 
+/// The bucket of `kinds` an item id falls in.
+pub(crate) fn kind_bucket(id: &str) -> u8 {
+    (crate::sha256(id.as_bytes())[0]) % KIND_BUCKETS
+}
+
+pub(crate) fn kind_partition(kind: &str, bucket: u8) -> Vec<u8> {
+    let mut p = kind.as_bytes().to_vec();
+    p.push(0);
+    p.push(bucket);
+    p
+}
+
 pub(crate) fn kind_key(kind: &str, id: &str) -> Key {
-    Key::new(KINDS, kind.as_bytes(), id.as_bytes())
+    Key::new(
+        KINDS,
+        kind_partition(kind, kind_bucket(id)),
+        id.as_bytes(),
+    )
+}
+
+pub(crate) fn stamp_key(kind: &str, bucket: u8) -> Key {
+    Key::new(KINDS, kind_partition(kind, bucket), STAMP_ROW.to_vec())
 }
 
 pub(crate) fn chunk_key(blob: &str, n: u64) -> Key {
     Key::new(BLOBS, blob.as_bytes(), n.to_be_bytes())
+}
+
+pub(crate) fn defs_version_key() -> Key {
+    Key::new(INDEX_DEFS, DEFS_PARTITION.to_vec(), DEFS_VERSION_ROW.to_vec())
+}
+
+pub(crate) fn def_key(name: &str) -> Key {
+    Key::new(INDEX_DEFS, DEFS_PARTITION.to_vec(), name.as_bytes())
 }
 
 /// A session as stored under the hash of its token.
@@ -69,6 +135,16 @@ pub(crate) fn chunk_key(blob: &str, n: u64) -> Key {
 pub(crate) struct SessionRow {
     pub username: String,
     pub expires_at: i64,
+}
+
+/// An item as stored: the item and the declarations version its index rows
+/// were computed with.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct ItemRow {
+    #[serde(flatten)]
+    pub item: crate::Item,
+    /// The index declarations version this item's rows follow.
+    pub stamp: u64,
 }
 
 pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {

@@ -1,20 +1,29 @@
-//! Login throttling, kept in the store so that every node counts the same
+//! Sign-in throttling, kept in the store so that every node counts the same
 //! failures and no node holds shared mutable state.
 //!
-//! Each key (a username, a client address) has a window of failures; past
-//! the limit, sign-in is refused until the window ends.
+//! Two counters, each a window of failures:
+//!
+//! - per (account, client address): past [`PAIR_FAILURES`] that address is
+//!   refused for that account until the window ends. Another address is
+//!   not affected, so nobody can lock an account's owner out by failing to
+//!   sign in as them from elsewhere.
+//! - per client address: past [`ADDRESS_FAILURES`] (an address trying many
+//!   accounts), every sign-in from it is refused until the window ends,
+//!   whatever password it sends.
+//!
+//! The client address is the caller's to determine (the server takes the
+//! TCP peer, or the `X-Forwarded-For` entry left by a trusted proxy).
 
 use serde::{Deserialize, Serialize};
-use tarn_store::{Batch, Expect, Key, Table};
+use tarn_store::{Batch, Expect, Key, SnapshotExt};
 
 use crate::error::{EngineError, Result};
-use crate::schema;
+use crate::schema::{self, THROTTLE};
 use crate::Engine;
 
-const THROTTLE: Table = Table::new("throttle");
-/// Failures allowed per window for one username.
-pub const USER_FAILURES: u32 = 10;
-/// Failures allowed per window for one client address.
+/// Failures allowed per window for one account from one address.
+pub const PAIR_FAILURES: u32 = 10;
+/// Failures allowed per window from one address, over all accounts.
 pub const ADDRESS_FAILURES: u32 = 50;
 const WINDOW_MICROS: i64 = 5 * 60 * 1_000_000;
 
@@ -24,27 +33,26 @@ struct Window {
     failures: u32,
 }
 
-fn key(kind: &str, id: &str) -> Key {
-    Key::new(THROTTLE, format!("{kind}:{id}").into_bytes(), Vec::new())
+fn key(what: &str) -> Key {
+    Key::new(THROTTLE, what.as_bytes(), b"w".to_vec())
 }
 
 impl Engine {
-    /// Refuses with [`EngineError::RateLimited`] if the username or the
-    /// address has failed too often lately.
+    /// Refuses with [`EngineError::RateLimited`] if one of the windows is
+    /// full; answers the seconds left in it otherwise `None`.
     async fn check_throttle(&self, keys: &[(Key, u32)]) -> Result<()> {
         let now = self.now();
-        let rows = self
-            .store()
-            .get_many(keys.iter().map(|(k, _)| k.clone()).collect())
-            .await?;
+        let gets: Vec<Key> = keys.iter().map(|(k, _)| k.clone()).collect();
+        let rows = self.snapshot().await?.get_many(&gets).await?;
         for ((_, limit), row) in keys.iter().zip(rows) {
             let Some(row) = row else { continue };
             let w: Window = schema::decode("throttle window", &row)?;
             if now - w.start < WINDOW_MICROS && w.failures >= *limit {
                 let secs = (w.start + WINDOW_MICROS - now) / 1_000_000 + 1;
-                return Err(EngineError::RateLimited(format!(
-                    "too many failed sign-ins; try again in {secs} s"
-                )));
+                return Err(EngineError::RateLimited {
+                    detail: format!("too many failed sign-ins; try again in {secs} s"),
+                    retry_after: secs.max(1) as u64,
+                });
             }
         }
         Ok(())
@@ -53,7 +61,7 @@ impl Engine {
     async fn record_failure(&self, key: &Key) -> Result<()> {
         self.retrying(|| async {
             let now = self.now();
-            let row = self.store().get(key.clone()).await?;
+            let row = self.snapshot().await?.get(key).await?;
             let (mut w, expect, version) = match &row {
                 Some(r) => (
                     schema::decode::<Window>("throttle window", r)?,
@@ -85,9 +93,10 @@ impl Engine {
         .await
     }
 
-    /// [`Engine::sign_in`], refused while the username or the client address
-    /// has failed too often; failures are counted, a success clears the
-    /// username's count.
+    /// [`Engine::sign_in`], refused while this account has failed too often
+    /// from this client address, or the address has failed too often over
+    /// all accounts; failures are counted, a success clears the account's
+    /// count for the address.
     pub async fn sign_in_throttled(
         &self,
         username: &str,
@@ -99,19 +108,21 @@ impl Engine {
                 "wrong username or password".into(),
             ));
         }
-        let user_key = key("user", username);
-        let mut keys = vec![(user_key.clone(), USER_FAILURES)];
-        if let Some(addr) = client {
-            keys.push((key("addr", addr), ADDRESS_FAILURES));
+        let addr = client.unwrap_or("-");
+        let pair = key(&format!("pair:{username}|{addr}"));
+        let mut keys = vec![(pair.clone(), PAIR_FAILURES)];
+        if client.is_some() {
+            keys.push((key(&format!("addr:{addr}")), ADDRESS_FAILURES));
         }
-        self.check_throttle(&keys).await?;
+        self.retrying(|| self.check_throttle(&keys)).await?;
         match self.sign_in(username, password).await {
             Ok(ok) => {
-                if self.store().get(user_key.clone()).await?.is_some() {
-                    let mut b = Batch::new();
-                    b.delete(user_key);
-                    self.store().write(b).await?;
-                }
+                let mut b = Batch::new();
+                b.delete(pair);
+                self.store()
+                    .write(b)
+                    .await
+                    .map_err(|e| EngineError::from(e).settle())?;
                 Ok(ok)
             }
             Err(EngineError::Unauthenticated(m)) => {

@@ -2,12 +2,13 @@
 
 use argon2::password_hash::{PasswordHasher, PasswordVerifier};
 use serde_json::{Map, Value};
-use tarn_store::{Batch, Expect, Key, Scan};
+use tarn_store::{Batch, Expect, Scan, SnapshotExt};
 
+use crate::actor::{invalid_session, session_hash, token_user};
 use crate::error::{EngineError, Result};
 use crate::model::check_name;
-use crate::schema::{self, SessionRow, SESSIONS, USER_SESSIONS};
-use crate::{b64, random_bytes, sha256, Caller, Engine, Principal, User};
+use crate::schema::{self, SessionRow, USER_SESSIONS};
+use crate::{b64, random_bytes, Caller, Engine, User};
 
 /// Argon2id cost parameters.
 #[derive(Clone, Copy, Debug)]
@@ -78,18 +79,43 @@ fn check_password(p: &str) -> Result<()> {
     Ok(())
 }
 
-fn session_hash(token: &str) -> [u8; 32] {
-    sha256(token.as_bytes())
+/// A hasher's place, held while one hash runs.
+struct HashSlot<'a> {
+    _permit: tokio::sync::SemaphorePermit<'a>,
 }
 
 impl Engine {
-    async fn hash_password(&self, password: &str) -> Result<String> {
-        let _permit = self
-            .inner
+    /// Waits for a hasher, or refuses at once when too many wait already:
+    /// sign-ins past the queue's bound are answered `unavailable` (503 with
+    /// `Retry-After`) instead of queueing for seconds.
+    async fn hash_slot(&self) -> Result<HashSlot<'_>> {
+        let inner = &self.inner;
+        if let Ok(p) = inner.hashing.try_acquire() {
+            return Ok(HashSlot { _permit: p });
+        }
+        let waiting = inner
+            .hash_waiting
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let _leave = scopeguard(|| {
+            inner
+                .hash_waiting
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        if waiting >= inner.config.password_queue {
+            return Err(EngineError::Unavailable(
+                "too many sign-ins at once; try again shortly".into(),
+            ));
+        }
+        let permit = inner
             .hashing
             .acquire()
             .await
             .map_err(|e| EngineError::Internal(format!("hashing pool: {e}")))?;
+        Ok(HashSlot { _permit: permit })
+    }
+
+    async fn hash_password(&self, password: &str) -> Result<String> {
+        let _slot = self.hash_slot().await?;
         let cost = self.inner.config.password_cost;
         let password = password.to_string();
         tokio::task::spawn_blocking(move || {
@@ -106,10 +132,8 @@ impl Engine {
         .map_err(|e| EngineError::Internal(format!("hashing task: {e}")))?
     }
 
-    async fn verify_password(&self, password: &str, hash: &str) -> bool {
-        let Ok(_permit) = self.inner.hashing.acquire().await else {
-            return false;
-        };
+    async fn verify_password(&self, password: &str, hash: &str) -> Result<bool> {
+        let _slot = self.hash_slot().await?;
         let password = password.to_string();
         let hash = hash.to_string();
         tokio::task::spawn_blocking(move || {
@@ -118,11 +142,13 @@ impl Engine {
                 .is_ok()
         })
         .await
-        .unwrap_or(false)
+        .map_err(|e| EngineError::Internal(format!("hashing task: {e}")))
     }
 
-    pub(crate) async fn read_user(&self, username: &str) -> Result<Option<(User, u64)>> {
-        match self.store().get(schema::user_key(username)).await? {
+    /// One user row, in a snapshot of its own.
+    async fn read_user(&self, username: &str) -> Result<Option<(User, u64)>> {
+        let mut snap = self.snapshot().await?;
+        match snap.get(&schema::user_key(username)).await? {
             Some(row) => Ok(Some((schema::decode("user", &row)?, row.version))),
             None => Ok(None),
         }
@@ -137,7 +163,13 @@ impl Engine {
         signup_open: bool,
     ) -> Result<User> {
         if !signup_open || new.admin {
-            caller.require_admin()?;
+            let actor = self
+                .retrying(|| async {
+                    let mut snap = self.snapshot().await?;
+                    Ok(self.resolve(&mut snap, caller, &[], &[]).await?.0)
+                })
+                .await?;
+            actor.require_admin()?;
         }
         check_name("username", &new.username)?;
         check_password(&new.password)?;
@@ -168,8 +200,8 @@ impl Engine {
     /// flag (for `TARN_ADMIN_PASSWORD`).
     pub async fn ensure_admin(&self, password: &str) -> Result<User> {
         check_password(password)?;
-        if let Some((user, _)) = self.read_user("admin").await? {
-            if user.admin && self.verify_password(password, &user.password_hash).await {
+        if let Some((user, _)) = self.retrying(|| self.read_user("admin")).await? {
+            if user.admin && self.verify_password(password, &user.password_hash).await? {
                 return Ok(user);
             }
         }
@@ -218,62 +250,66 @@ impl Engine {
                 Ok(user)
             })
             .await?;
-        self.end_all_sessions(username).await?;
+        self.retrying(|| self.end_all_sessions(username)).await?;
         Ok(user)
     }
 
+    /// Ends every session of a user, in bounded batches.
     async fn end_all_sessions(&self, username: &str) -> Result<()> {
         loop {
-            let rows = self
-                .store()
-                .scan(Scan::partition(
+            let rows = {
+                let mut snap = self.snapshot().await?;
+                snap.scan(&Scan::partition(
                     USER_SESSIONS,
                     username.as_bytes().to_vec(),
                     500,
                 ))
-                .await?;
+                .await?
+            };
             if rows.is_empty() {
                 return Ok(());
             }
             let mut b = Batch::new();
             for r in rows {
-                b.delete(Key::new(SESSIONS, r.clustering.clone(), Vec::new()));
-                b.delete(Key::new(USER_SESSIONS, username.as_bytes(), r.clustering));
+                let hash: [u8; 32] = r
+                    .clustering
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| crate::error::corrupt("session entry", "length"))?;
+                b.delete(schema::session_key(&hash));
+                b.delete(schema::user_session_key(username, &hash));
             }
             self.store().write(b).await?;
         }
     }
 
     /// Checks a username and password and opens a session. Wrong username
-    /// and wrong password answer the same.
+    /// and wrong password answer the same. The token is
+    /// `<username>.<secret>`; only its hash is stored.
     pub async fn sign_in(&self, username: &str, password: &str) -> Result<(String, User)> {
         let wrong = || EngineError::Unauthenticated("wrong username or password".into());
-        let Some((user, _)) = self.read_user(username).await? else {
+        let Some((user, _)) = self.retrying(|| self.read_user(username)).await? else {
             // Spend the same time as a real check, so timing does not tell
             // which usernames exist.
-            let _ = self.hash_password(password).await;
+            let _ = self.hash_password(password).await?;
             return Err(wrong());
         };
-        if !self.verify_password(password, &user.password_hash).await {
+        if !self.verify_password(password, &user.password_hash).await? {
             return Err(wrong());
         }
-        let token = b64(&random_bytes::<32>());
+        let token = format!("{}.{}", user.username, b64(&random_bytes::<32>()));
         let hash = session_hash(&token);
         let row = SessionRow {
             username: user.username.clone(),
             expires_at: self.now() + self.inner.config.session_ttl.as_micros() as i64,
         };
         let mut b = Batch::new();
-        b.put(
-            Key::new(SESSIONS, hash, Vec::new()),
-            schema::encode(&row),
-            1,
-        )
-        .put(
-            Key::new(USER_SESSIONS, user.username.as_bytes(), hash),
-            Vec::new(),
-            1,
-        );
+        b.put(schema::session_key(&hash), schema::encode(&row), 1)
+            .put(
+                schema::user_session_key(&user.username, &hash),
+                schema::MARK.to_vec(),
+                1,
+            );
         self.store()
             .write(b)
             .await
@@ -281,77 +317,54 @@ impl Engine {
         Ok((token, user))
     }
 
-    /// The caller a session token stands for; fails for unknown, expired or
-    /// ended sessions and for deleted users.
-    pub async fn authenticate(&self, token: &str) -> Result<Caller> {
-        let invalid = || EngineError::Unauthenticated("the session is not valid".into());
-        let hash = session_hash(token);
-        let Some(row) = self
-            .store()
-            .get(Key::new(SESSIONS, hash, Vec::new()))
-            .await?
-        else {
-            return Err(invalid());
-        };
-        let session: SessionRow = schema::decode("session", &row)?;
-        if session.expires_at <= self.now() {
-            // The first request that finds a session expired removes it.
-            let mut b = Batch::new();
-            b.delete(Key::new(SESSIONS, hash, Vec::new()))
-                .delete(Key::new(USER_SESSIONS, session.username.as_bytes(), hash));
-            self.store().write(b).await?;
-            return Err(invalid());
-        }
-        let Some((user, _)) = self.read_user(&session.username).await? else {
-            return Err(invalid());
-        };
-        Ok(Caller::User {
-            username: user.username,
-            admin: user.admin,
-        })
-    }
-
     /// Ends the session of this token on every node at once.
-    pub async fn sign_out(&self, token: &str) -> Result<()> {
-        let hash = session_hash(token);
-        let key = Key::new(SESSIONS, hash, Vec::new());
-        let Some(row) = self.store().get(key.clone()).await? else {
-            return Err(EngineError::Unauthenticated(
-                "the session is not valid".into(),
-            ));
+    pub async fn sign_out(&self, caller: &Caller) -> Result<()> {
+        let Caller::Token(token) = caller else {
+            return Err(EngineError::Unauthenticated("sign in first".into()));
         };
-        let session: SessionRow = schema::decode("session", &row)?;
-        let mut b = Batch::new();
-        b.delete(key)
-            .delete(Key::new(USER_SESSIONS, session.username.as_bytes(), hash));
-        self.store()
-            .write(b)
-            .await
-            .map_err(|e| EngineError::from(e).settle())
+        let username = token_user(token).ok_or_else(invalid_session)?;
+        let hash = session_hash(token);
+        let key = schema::session_key(&hash);
+        self.retrying(|| async {
+            let row = {
+                let mut snap = self.snapshot().await?;
+                snap.get(&key).await?
+            };
+            let row = row.ok_or_else(invalid_session)?;
+            let session: SessionRow = schema::decode("session", &row)?;
+            if session.username != username {
+                return Err(invalid_session());
+            }
+            let mut b = Batch::new();
+            b.delete(key.clone())
+                .delete(schema::user_session_key(username, &hash));
+            self.store().write(b).await?;
+            Ok(())
+        })
+        .await
     }
 
     /// The caller's user and every group they belong to.
     pub async fn me(&self, caller: &Caller) -> Result<Me> {
-        let username = caller.require_user()?;
-        let (user, _) = self
-            .read_user(username)
-            .await?
-            .ok_or_else(|| EngineError::Unauthenticated("the user no longer exists".into()))?;
-        let groups = self
-            .principals(caller)
-            .await?
-            .into_iter()
-            .filter_map(|p| match p {
-                Principal::Group(g) => Some(g),
-                _ => None,
-            })
-            .collect();
-        Ok(Me { user, groups })
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            let (actor, _) = self.resolve(&mut snap, caller, &[], &[]).await?;
+            actor.require_user()?;
+            let groups = actor.groups().map(str::to_string).collect();
+            let (user, _) = actor
+                .user
+                .ok_or_else(|| EngineError::Unauthenticated("the user no longer exists".into()))?;
+            Ok(Me { user, groups })
+        })
+        .await
     }
 
     /// A user's public face (any caller may look).
     pub async fn get_user(&self, username: &str) -> Result<User> {
-        self.read_user(username)
+        if !crate::is_valid_name(username) {
+            return Err(EngineError::NotFound(format!("no user {username}")));
+        }
+        self.retrying(|| self.read_user(username))
             .await?
             .map(|(u, _)| u)
             .ok_or_else(|| EngineError::NotFound(format!("no user {username}")))
@@ -367,4 +380,17 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Runs `f` when dropped.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }

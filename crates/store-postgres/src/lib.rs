@@ -31,7 +31,10 @@ use std::str::FromStr;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::try_join_all;
-use tarn_store::{Batch, Direction, Expect, Key, Op, Row, Scan, Store, StoreError, StoreResult};
+use tarn_store::{
+    check_read, Batch, Consistency, Direction, Expect, Key, Op, ReadResult, Row, Scan, Snapshot,
+    Store, StoreError, StoreResult,
+};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
@@ -268,33 +271,82 @@ async fn scan_on(client: &deadpool_postgres::Client, scan: &Scan) -> StoreResult
         .collect())
 }
 
+/// One pooled connection holding one `REPEATABLE READ READ ONLY`
+/// transaction, begun with the first read (pipelined with it, so it costs no
+/// round trip of its own) and ended when the snapshot is dropped.
+struct PgSnapshot {
+    client: Option<deadpool_postgres::Client>,
+    begun: bool,
+}
+
+#[async_trait::async_trait]
+impl Snapshot for PgSnapshot {
+    async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult> {
+        check_read(gets, scans)?;
+        let client = self.client.as_ref().expect("held until drop");
+        let begin = async {
+            if self.begun {
+                Ok(())
+            } else {
+                client
+                    .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .await
+                    .map_err(map_err)
+            }
+        };
+        // Polled together, the statements go out in this order on one
+        // connection and their answers come back in one round trip.
+        let (begun, rows, scans) = tokio::join!(
+            begin,
+            try_join_all(gets.iter().map(|k| get_on(client, k))),
+            try_join_all(scans.iter().map(|s| scan_on(client, s))),
+        );
+        begun?;
+        self.begun = true;
+        Ok(ReadResult {
+            rows: rows?,
+            scans: scans?,
+        })
+    }
+}
+
+impl Drop for PgSnapshot {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        if !self.begun {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            // The connection goes back to the pool once its transaction
+            // has ended.
+            Ok(rt) => {
+                rt.spawn(async move {
+                    if client.batch_execute("COMMIT").await.is_err() {
+                        // Never return a connection that may be inside a
+                        // transaction.
+                        drop(deadpool_postgres::Object::take(client));
+                    }
+                });
+            }
+            Err(_) => drop(deadpool_postgres::Object::take(client)),
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl Store for PgStore {
-    async fn get(&self, key: Key) -> StoreResult<Option<Row>> {
+    async fn snapshot(&self) -> StoreResult<Box<dyn Snapshot>> {
         let client = self.pool.get().await.map_err(pool_err)?;
-        get_on(&client, &key).await
+        Ok(Box::new(PgSnapshot {
+            client: Some(client),
+            begun: false,
+        }))
     }
 
-    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Row>>> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let client = self.pool.get().await.map_err(pool_err)?;
-        // Polled together, the queries are pipelined on the connection.
-        try_join_all(keys.iter().map(|k| get_on(&client, k))).await
-    }
-
-    async fn scan(&self, scan: Scan) -> StoreResult<Vec<Row>> {
-        let client = self.pool.get().await.map_err(pool_err)?;
-        scan_on(&client, &scan).await
-    }
-
-    async fn scan_many(&self, scans: Vec<Scan>) -> StoreResult<Vec<Vec<Row>>> {
-        if scans.is_empty() {
-            return Ok(Vec::new());
-        }
-        let client = self.pool.get().await.map_err(pool_err)?;
-        try_join_all(scans.iter().map(|s| scan_on(&client, s))).await
+    fn consistency(&self) -> Consistency {
+        Consistency::Snapshot
     }
 
     async fn write(&self, batch: Batch) -> StoreResult<()> {

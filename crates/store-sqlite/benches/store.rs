@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use tarn_store::{Batch, Key, Scan, Store, Table};
+use tarn_store::{Batch, Key, Scan, SnapshotExt, Store, Table};
 use tarn_store_sqlite::SqliteStore;
 
 const T: Table = Table::new("bench");
@@ -62,7 +62,10 @@ fn benches(c: &mut Criterion) {
             i = i.wrapping_add(7919);
             let key = Key::new(T, (i % 100).to_be_bytes(), ((i / 100) % 100).to_be_bytes());
             let store = store.clone();
-            async move { store.get(key).await.unwrap().unwrap() }
+            async move {
+                let mut snap = store.snapshot().await.unwrap();
+                snap.get(&key).await.unwrap().unwrap()
+            }
         })
     });
     g.bench_function("scan_25", |b| {
@@ -70,7 +73,10 @@ fn benches(c: &mut Criterion) {
             i = i.wrapping_add(13);
             let scan = Scan::partition(T, (i % 100).to_be_bytes().to_vec(), 25);
             let store = store.clone();
-            async move { assert_eq!(store.scan(scan).await.unwrap().len(), 25) }
+            async move {
+                let mut snap = store.snapshot().await.unwrap();
+                assert_eq!(snap.scan(&scan).await.unwrap().len(), 25)
+            }
         })
     });
     let mut n = 1_000_000u64;

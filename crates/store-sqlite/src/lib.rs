@@ -2,17 +2,28 @@
 //!
 //! One SQLite database in WAL mode inside a data directory:
 //!
-//! - **Readers** are a fixed pool of threads, each owning a read connection.
-//!   In WAL mode they read the last committed state and never wait for the
-//!   writer.
+//! - **Reads** go through a pool of read connections. A snapshot checks one
+//!   out, runs its reads in one read transaction on the calling thread (no
+//!   hand-off to another thread: a point read costs what SQLite costs, a few
+//!   microseconds), and puts it back when dropped. In WAL mode a reader sees
+//!   the last commit before its first read and never waits for the writer.
+//!   Each call is bounded by the contract ([`tarn_store::MAX_READ_ROWS`]),
+//!   so no call holds a thread for longer than a bounded scan.
 //! - **The writer** is one thread owning the write connection. Writes queue
-//!   to it; it takes every write waiting, applies each inside its own
-//!   `SAVEPOINT` (so a failed guard or error undoes only that write), commits
-//!   them in one transaction with one fsync (`synchronous=FULL`), and only then
-//!   answers each write. This is group commit: write throughput is not one
-//!   fsync per request.
-//! - Nothing blocks the async executor: every SQLite call runs on these
-//!   threads and answers through a oneshot channel.
+//!   to it; it takes every small write waiting and at most one large one
+//!   (a body chunk), applies each inside its own `SAVEPOINT` (so a failed
+//!   guard or error undoes only that write), commits them in one
+//!   transaction with one fsync (`synchronous=FULL`), and only then answers
+//!   each write. This is group commit: under load many commits share an
+//!   fsync, and a lone write is answered as soon as its own fsync is done.
+//!   A large write never waits behind more than one other large write, and
+//!   a small write never waits behind more than one group.
+//! - **Checkpoints** run on their own thread, so neither the writer's
+//!   commits nor the readers wait for them.
+//! - Both queues are bounded: past the bound a write is refused at once
+//!   with [`StoreError::Unavailable`] (the server answers 503), and a
+//!   snapshot that finds every read connection busy for longer than a short
+//!   wait is refused the same way. Overload is answered, not buffered.
 //! - A lock file (`LOCK`, an OS advisory lock) refuses a second process on the
 //!   same directory.
 
@@ -21,64 +32,106 @@
 use std::fs::File;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
-use tarn_store::{Batch, Direction, Expect, Key, Op, Row, Scan, Store, StoreError, StoreResult};
-use tokio::sync::oneshot;
+use tarn_store::{
+    check_read, Batch, Consistency, Direction, Expect, Key, Op, ReadResult, Row, Scan, Snapshot,
+    Store, StoreError, StoreResult,
+};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 /// The most writes combined into one transaction.
-const MAX_GROUP: usize = 256;
+const MAX_GROUP: usize = 512;
+/// A write of more bytes than this is large: a group takes at most one.
+const LARGE_WRITE: usize = 64 * 1024;
 
 /// Settings of a [`SqliteStore`].
 #[derive(Clone, Debug)]
 pub struct SqliteOptions {
-    /// Number of reader threads (and read connections).
+    /// Read connections in the pool: the most snapshots open at once.
     pub readers: usize,
     /// Page cache per connection, in KiB.
     pub cache_kib: u32,
+    /// Most writes queued for the writer; past it writes are refused.
+    pub max_queued_writes: usize,
+    /// Most bytes of writes queued for the writer; past it writes are refused.
+    pub max_queued_bytes: usize,
+    /// How long a snapshot waits for a free read connection before it is
+    /// refused.
+    pub reader_wait: Duration,
+    /// WAL pages after which the checkpointer copies the WAL back.
+    pub checkpoint_pages: u32,
 }
 
 impl Default for SqliteOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         SqliteOptions {
-            readers: (cores * 2).max(4),
-            cache_kib: 16 * 1024,
+            readers: (cores * 8).max(16),
+            cache_kib: 8 * 1024,
+            max_queued_writes: 8192,
+            max_queued_bytes: 256 * 1024 * 1024,
+            reader_wait: Duration::from_secs(1),
+            checkpoint_pages: 4096,
         }
     }
 }
 
-type ReadJob = Box<dyn FnOnce(&Connection) + Send>;
-
 struct WriteJob {
     batch: Batch,
+    bytes: usize,
     reply: oneshot::Sender<StoreResult<()>>,
 }
 
-/// The embedded store. Cheap to clone: clones share the same threads.
+/// The embedded store. Cheap to clone: clones share the same pool and writer.
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
 }
 
+/// What the writer and the store share: the queues' fill and counters.
+#[derive(Default)]
+struct Shared {
+    queued_writes: AtomicUsize,
+    queued_bytes: AtomicUsize,
+    commits: AtomicU64,
+    groups: AtomicU64,
+    refused_writes: AtomicU64,
+    refused_snapshots: AtomicU64,
+}
+
 struct Inner {
-    reads: Option<Sender<ReadJob>>,
-    writes: Option<Sender<WriteJob>>,
+    readers: Arc<ReadPool>,
+    small: Option<Sender<WriteJob>>,
+    large: Option<Sender<WriteJob>>,
     threads: Vec<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    options: SqliteOptions,
+    stop_checkpoints: Option<Sender<()>>,
     // Held for the store's lifetime; released by the OS if the process dies.
     _lock: File,
     dir: PathBuf,
 }
 
+/// The read connections: a semaphore counts free ones, a channel holds them.
+struct ReadPool {
+    free: Arc<Semaphore>,
+    put: Sender<Connection>,
+    take: Receiver<Connection>,
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Closing the channels ends the threads once their queues drain; join
-        // them so the lock is released only after the last commit.
-        self.reads.take();
-        self.writes.take();
+        // Closing the channels ends the writer once its queue drains; join
+        // it so the lock is released only after the last commit.
+        self.small.take();
+        self.large.take();
+        self.stop_checkpoints.take();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -130,30 +183,46 @@ impl SqliteStore {
         }
         let db = dir.join("tarn.sqlite");
         let writer = open_writer(&db, &options).map_err(map_err)?;
-        let (read_tx, read_rx) = crossbeam_channel::unbounded::<ReadJob>();
-        let (write_tx, write_rx) = crossbeam_channel::unbounded::<WriteJob>();
-        let mut threads = Vec::with_capacity(options.readers + 1);
-        for i in 0..options.readers {
+        let readers = options.readers.max(1);
+        let (put, take) = crossbeam_channel::bounded(readers);
+        for _ in 0..readers {
             let conn = open_reader(&db, &options).map_err(map_err)?;
-            let rx = read_rx.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("sqlite-read-{i}"))
-                    .spawn(move || reader_loop(conn, rx))
-                    .map_err(|e| StoreError::Other(format!("cannot start reader: {e}")))?,
-            );
+            put.send(conn).expect("the pool has room for every connection");
         }
+        let pool = Arc::new(ReadPool {
+            free: Arc::new(Semaphore::new(readers)),
+            put,
+            take,
+        });
+        let (small_tx, small_rx) = crossbeam_channel::unbounded::<WriteJob>();
+        let (large_tx, large_rx) = crossbeam_channel::unbounded::<WriteJob>();
+        let shared = Arc::new(Shared::default());
+        let mut threads = Vec::with_capacity(2);
+        let writer_shared = shared.clone();
         threads.push(
             std::thread::Builder::new()
                 .name("sqlite-write".into())
-                .spawn(move || writer_loop(writer, write_rx))
+                .spawn(move || writer_loop(writer, small_rx, large_rx, writer_shared))
                 .map_err(|e| StoreError::Other(format!("cannot start writer: {e}")))?,
+        );
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let checkpointer = open_checkpointer(&db, &options).map_err(map_err)?;
+        let pages = options.checkpoint_pages;
+        threads.push(
+            std::thread::Builder::new()
+                .name("sqlite-checkpoint".into())
+                .spawn(move || checkpoint_loop(checkpointer, stop_rx, pages))
+                .map_err(|e| StoreError::Other(format!("cannot start checkpointer: {e}")))?,
         );
         Ok(SqliteStore {
             inner: Arc::new(Inner {
-                reads: Some(read_tx),
-                writes: Some(write_tx),
+                readers: pool,
+                small: Some(small_tx),
+                large: Some(large_tx),
                 threads,
+                shared,
+                options,
+                stop_checkpoints: Some(stop_tx),
                 _lock: lock,
                 dir,
             }),
@@ -164,22 +233,6 @@ impl SqliteStore {
     pub fn dir(&self) -> &Path {
         &self.inner.dir
     }
-
-    async fn read<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    ) -> StoreResult<T> {
-        let (tx, rx) = oneshot::channel();
-        let job: ReadJob = Box::new(move |conn| {
-            let _ = tx.send(f(conn).map_err(map_err));
-        });
-        self.inner
-            .reads
-            .as_ref()
-            .and_then(|s| s.send(job).ok())
-            .ok_or_else(closed)?;
-        rx.await.map_err(|_| closed())?
-    }
 }
 
 fn closed() -> StoreError {
@@ -187,7 +240,7 @@ fn closed() -> StoreError {
 }
 
 fn configure(conn: &Connection, options: &SqliteOptions) -> rusqlite::Result<()> {
-    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.busy_timeout(Duration::from_secs(10))?;
     conn.pragma_update(None, "cache_size", -i64::from(options.cache_kib))?;
     Ok(())
 }
@@ -204,6 +257,8 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
     // FULL: in WAL mode the WAL is fsynced at every commit, so an
     // acknowledged write survives a crash or power loss.
     conn.pragma_update(None, "synchronous", "FULL")?;
+    // The checkpointer thread does this work, not the writer's commits.
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS rows (
              tbl TEXT NOT NULL,
@@ -226,6 +281,13 @@ fn open_reader(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
     Ok(conn)
 }
 
+fn open_checkpointer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(db)?;
+    configure(&conn, options)?;
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    Ok(conn)
+}
+
 fn map_err(e: rusqlite::Error) -> StoreError {
     match e.sqlite_error_code() {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
@@ -244,9 +306,26 @@ fn map_err(e: rusqlite::Error) -> StoreError {
     }
 }
 
-fn reader_loop(conn: Connection, jobs: Receiver<ReadJob>) {
-    while let Ok(job) = jobs.recv() {
-        job(&conn);
+/// Copies the WAL back into the database when it has grown, without ever
+/// blocking readers or the writer (`PASSIVE`), so the WAL stays bounded.
+fn checkpoint_loop(conn: Connection, stop: Receiver<()>, pages: u32) {
+    loop {
+        match stop.recv_timeout(Duration::from_millis(200)) {
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        let wal: rusqlite::Result<(i64, i64, i64)> = conn.query_row(
+            "PRAGMA wal_checkpoint(PASSIVE)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        );
+        if let Ok((_, log, done)) = wal {
+            // Mostly copied but the WAL keeps growing (readers pin old
+            // pages): try a restart now and then so it can be reused.
+            if log > i64::from(pages) && done == log {
+                let _ = conn.execute_batch("PRAGMA wal_checkpoint(RESTART)");
+            }
+        }
     }
 }
 
@@ -267,48 +346,60 @@ fn get_row(conn: &Connection, key: &Key) -> rusqlite::Result<Option<Row>> {
     .optional()
 }
 
+/// The SQL of a scan; there are 18 shapes (3 × 3 bounds × 2 directions), each
+/// prepared once per connection.
+fn scan_sql(scan: &Scan) -> &'static str {
+    macro_rules! shapes {
+        ($($lo:literal, $hi:literal);*) => {
+            [$(
+                concat!("SELECT clus, value, version FROM rows WHERE tbl = ?1 AND part = ?2", $lo, $hi, " ORDER BY clus ASC LIMIT ?5"),
+                concat!("SELECT clus, value, version FROM rows WHERE tbl = ?1 AND part = ?2", $lo, $hi, " ORDER BY clus DESC LIMIT ?5"),
+            )*]
+        };
+    }
+    const SQL: [&str; 18] = shapes!(
+        "", "";
+        "", " AND clus <= ?4";
+        "", " AND clus < ?4";
+        " AND clus >= ?3", "";
+        " AND clus >= ?3", " AND clus <= ?4";
+        " AND clus >= ?3", " AND clus < ?4";
+        " AND clus > ?3", "";
+        " AND clus > ?3", " AND clus <= ?4";
+        " AND clus > ?3", " AND clus < ?4"
+    );
+    let lo = match scan.lower {
+        Bound::Unbounded => 0,
+        Bound::Included(_) => 1,
+        Bound::Excluded(_) => 2,
+    };
+    let hi = match scan.upper {
+        Bound::Unbounded => 0,
+        Bound::Included(_) => 1,
+        Bound::Excluded(_) => 2,
+    };
+    let dir = (scan.direction == Direction::Reverse) as usize;
+    SQL[(lo * 3 + hi) * 2 + dir]
+}
+
 fn scan_rows(conn: &Connection, scan: &Scan) -> rusqlite::Result<Vec<Row>> {
     if scan.limit == 0 {
         return Ok(Vec::new());
     }
-    let mut sql =
-        String::from("SELECT clus, value, version FROM rows WHERE tbl = ?1 AND part = ?2");
-    let lower = match &scan.lower {
+    let bound = |b: &Bound<Vec<u8>>| match b {
         Bound::Unbounded => None,
-        Bound::Included(k) => {
-            sql.push_str(" AND clus >= ?3");
-            Some(k)
-        }
-        Bound::Excluded(k) => {
-            sql.push_str(" AND clus > ?3");
-            Some(k)
-        }
+        Bound::Included(k) | Bound::Excluded(k) => Some(k.clone()),
     };
-    let upper = match &scan.upper {
-        Bound::Unbounded => None,
-        Bound::Included(k) => {
-            sql.push_str(" AND clus <= ?4");
-            Some(k)
-        }
-        Bound::Excluded(k) => {
-            sql.push_str(" AND clus < ?4");
-            Some(k)
-        }
-    };
-    sql.push_str(match scan.direction {
-        Direction::Forward => " ORDER BY clus ASC LIMIT ?5",
-        Direction::Reverse => " ORDER BY clus DESC LIMIT ?5",
-    });
-    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut stmt = conn.prepare_cached(scan_sql(scan))?;
     let limit = i64::try_from(scan.limit).unwrap_or(i64::MAX);
     let mut rows = stmt.query(params![
         scan.table.name(),
         scan.partition,
-        lower,
-        upper,
+        bound(&scan.lower),
+        bound(&scan.upper),
         limit
     ])?;
-    let mut out = Vec::with_capacity(scan.limit.min(1024));
+    let mut out = Vec::with_capacity(scan.limit.min(64));
     while let Some(r) = rows.next()? {
         out.push(Row {
             clustering: r.get(0)?,
@@ -319,28 +410,101 @@ fn scan_rows(conn: &Connection, scan: &Scan) -> rusqlite::Result<Vec<Row>> {
     Ok(out)
 }
 
-/// Runs `f` inside one read transaction, so several reads see one state and
-/// take the file locks once.
-fn in_read_txn<T>(
-    conn: &Connection,
-    f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
-) -> rusqlite::Result<T> {
-    conn.execute_batch("BEGIN")?;
-    let out = f(conn);
-    conn.execute_batch("COMMIT")?;
-    out
+/// A checked-out read connection with an open read transaction.
+struct SqliteSnapshot {
+    conn: Option<Connection>,
+    pool: Arc<ReadPool>,
+    in_txn: bool,
+    _permit: OwnedSemaphorePermit,
 }
 
-fn writer_loop(mut conn: Connection, jobs: Receiver<WriteJob>) {
-    while let Ok(first) = jobs.recv() {
+impl SqliteSnapshot {
+    fn read_now(&mut self, gets: &[Key], scans: &[Scan]) -> rusqlite::Result<ReadResult> {
+        let conn = self.conn.as_ref().expect("held until drop");
+        if !self.in_txn {
+            conn.execute_batch("BEGIN")?;
+            self.in_txn = true;
+        }
+        let rows = gets
+            .iter()
+            .map(|k| get_row(conn, k))
+            .collect::<rusqlite::Result<_>>()?;
+        let scans = scans
+            .iter()
+            .map(|s| scan_rows(conn, s))
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(ReadResult { rows, scans })
+    }
+}
+
+impl Drop for SqliteSnapshot {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        if self.in_txn && conn.execute_batch("COMMIT").is_err() {
+            // Ending a read transaction does not fail short of a broken
+            // connection; make sure it is not left open to pin the WAL.
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        let _ = self.pool.put.try_send(conn);
+    }
+}
+
+#[async_trait::async_trait]
+impl Snapshot for SqliteSnapshot {
+    async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult> {
+        check_read(gets, scans)?;
+        self.read_now(gets, scans).map_err(map_err)
+    }
+}
+
+fn writer_loop(
+    mut conn: Connection,
+    small: Receiver<WriteJob>,
+    large: Receiver<WriteJob>,
+    shared: Arc<Shared>,
+) {
+    loop {
+        // Small writes first; a large one when no small one waits.
+        let first = match small.try_recv() {
+            Ok(j) => j,
+            Err(_) => {
+                let got = crossbeam_channel::select! {
+                    recv(small) -> j => j,
+                    recv(large) -> j => j,
+                };
+                match got {
+                    Ok(j) => j,
+                    // One queue closed: both close together; drain the other.
+                    Err(_) => match small.recv().or_else(|_| large.recv()) {
+                        Ok(j) => j,
+                        Err(_) => return,
+                    },
+                }
+            }
+        };
+        let has_large = first.bytes > LARGE_WRITE;
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
-            match jobs.try_recv() {
+            match small.try_recv() {
                 Ok(job) => group.push(job),
                 Err(_) => break,
             }
         }
+        if !has_large {
+            if let Ok(job) = large.try_recv() {
+                group.push(job);
+            }
+        }
+        let bytes: usize = group.iter().map(|j| j.bytes).sum();
         let outcomes = commit_group(&mut conn, &group);
+        shared.groups.fetch_add(1, Ordering::Relaxed);
+        shared
+            .commits
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        shared
+            .queued_writes
+            .fetch_sub(group.len(), Ordering::Relaxed);
+        shared.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
         for (job, outcome) in group.into_iter().zip(outcomes) {
             let _ = job.reply.send(outcome);
         }
@@ -440,30 +604,58 @@ fn guards_then_ops(conn: &Connection, batch: &Batch) -> StoreResult<()> {
     Ok(())
 }
 
+fn batch_bytes(batch: &Batch) -> usize {
+    batch
+        .ops
+        .iter()
+        .map(|op| {
+            let k = op.key();
+            let v = match op {
+                Op::Put { value, .. } => value.len(),
+                Op::Delete { .. } => 0,
+            };
+            k.partition.len() + k.clustering.len() + v + 32
+        })
+        .sum()
+}
+
 #[async_trait::async_trait]
 impl Store for SqliteStore {
-    async fn get(&self, key: Key) -> StoreResult<Option<Row>> {
-        self.read(move |conn| get_row(conn, &key)).await
-    }
-
-    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Row>>> {
-        self.read(move |conn| {
-            in_read_txn(conn, |conn| keys.iter().map(|k| get_row(conn, k)).collect())
-        })
-        .await
-    }
-
-    async fn scan(&self, scan: Scan) -> StoreResult<Vec<Row>> {
-        self.read(move |conn| scan_rows(conn, &scan)).await
-    }
-
-    async fn scan_many(&self, scans: Vec<Scan>) -> StoreResult<Vec<Vec<Row>>> {
-        self.read(move |conn| {
-            in_read_txn(conn, |conn| {
-                scans.iter().map(|s| scan_rows(conn, s)).collect()
-            })
-        })
-        .await
+    async fn snapshot(&self) -> StoreResult<Box<dyn Snapshot>> {
+        let pool = &self.inner.readers;
+        let permit = match pool.free.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                match tokio::time::timeout(
+                    self.inner.options.reader_wait,
+                    pool.free.clone().acquire_owned(),
+                )
+                .await
+                {
+                    Ok(Ok(p)) => p,
+                    Ok(Err(_)) => return Err(closed()),
+                    Err(_) => {
+                        self.inner
+                            .shared
+                            .refused_snapshots
+                            .fetch_add(1, Ordering::Relaxed);
+                        return Err(StoreError::Unavailable(
+                            "every read connection is busy".into(),
+                        ));
+                    }
+                }
+            }
+        };
+        let conn = pool
+            .take
+            .try_recv()
+            .map_err(|_| StoreError::Other("read pool out of step with its permits".into()))?;
+        Ok(Box::new(SqliteSnapshot {
+            conn: Some(conn),
+            pool: pool.clone(),
+            in_txn: false,
+            _permit: permit,
+        }))
     }
 
     async fn write(&self, batch: Batch) -> StoreResult<()> {
@@ -471,12 +663,65 @@ impl Store for SqliteStore {
         if batch.is_empty() {
             return Ok(());
         }
+        let inner = &self.inner;
+        let bytes = batch_bytes(&batch);
+        let shared = &inner.shared;
+        let writes = shared.queued_writes.fetch_add(1, Ordering::Relaxed);
+        let queued = shared.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if writes >= inner.options.max_queued_writes
+            || queued + bytes > inner.options.max_queued_bytes
+        {
+            shared.queued_writes.fetch_sub(1, Ordering::Relaxed);
+            shared.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            shared.refused_writes.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable("the write queue is full".into()));
+        }
         let (reply, rx) = oneshot::channel();
-        self.inner
-            .writes
-            .as_ref()
-            .and_then(|s| s.send(WriteJob { batch, reply }).ok())
-            .ok_or_else(closed)?;
+        let queue = if bytes > LARGE_WRITE {
+            &inner.large
+        } else {
+            &inner.small
+        };
+        let job = WriteJob {
+            batch,
+            bytes,
+            reply,
+        };
+        match queue.as_ref().map(|q| q.try_send(job)) {
+            Some(Ok(())) => {}
+            Some(Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) | None => {
+                shared.queued_writes.fetch_sub(1, Ordering::Relaxed);
+                shared.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                return Err(closed());
+            }
+        }
         rx.await.map_err(|_| closed())?
+    }
+
+    fn consistency(&self) -> Consistency {
+        Consistency::Snapshot
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = &self.inner.shared;
+        vec![
+            ("sqlite_commits_total", s.commits.load(Ordering::Relaxed)),
+            (
+                "sqlite_commit_groups_total",
+                s.groups.load(Ordering::Relaxed),
+            ),
+            (
+                "sqlite_refused_writes_total",
+                s.refused_writes.load(Ordering::Relaxed),
+            ),
+            (
+                "sqlite_refused_snapshots_total",
+                s.refused_snapshots.load(Ordering::Relaxed),
+            ),
+            (
+                "sqlite_queued_writes",
+                s.queued_writes.load(Ordering::Relaxed) as u64,
+            ),
+        ]
     }
 }

@@ -1,27 +1,44 @@
 //! A store wrapper that counts what is read, so tests can prove costs by
-//! counting rows instead of timing.
+//! counting rows and round trips instead of timing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use crate::{Batch, Key, Row, Scan, Store, StoreResult};
+use crate::{
+    Batch, Consistency, Key, ReadResult, Scan, Snapshot, Store, StoreResult,
+};
 
 /// Counts of reads through a [`CountingStore`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReadCounts {
+    /// Snapshots opened.
+    pub snapshots: u64,
+    /// [`Snapshot::read`] calls: round trips to the backend.
+    pub calls: u64,
     /// Rows returned by point reads and scans.
     pub rows: u64,
-    /// Point reads asked for (each key of `get_many` counts).
+    /// Point reads asked for.
     pub gets: u64,
-    /// Scans asked for (each scan of `scan_many` counts).
+    /// Scans asked for.
     pub scans: u64,
+    /// Writes.
+    pub writes: u64,
 }
 
-/// Wraps a store and counts rows read and calls made.
-pub struct CountingStore<S> {
-    inner: S,
+#[derive(Default)]
+struct Counters {
+    snapshots: AtomicU64,
+    calls: AtomicU64,
     rows: AtomicU64,
     gets: AtomicU64,
     scans: AtomicU64,
+    writes: AtomicU64,
+}
+
+/// Wraps a store and counts snapshots, calls, rows read and writes.
+pub struct CountingStore<S> {
+    inner: S,
+    counters: Arc<Counters>,
 }
 
 impl<S: Store> CountingStore<S> {
@@ -29,26 +46,36 @@ impl<S: Store> CountingStore<S> {
     pub fn new(inner: S) -> Self {
         CountingStore {
             inner,
-            rows: AtomicU64::new(0),
-            gets: AtomicU64::new(0),
-            scans: AtomicU64::new(0),
+            counters: Arc::default(),
         }
     }
 
     /// The counts so far.
     pub fn counts(&self) -> ReadCounts {
+        let c = &self.counters;
         ReadCounts {
-            rows: self.rows.load(Ordering::Relaxed),
-            gets: self.gets.load(Ordering::Relaxed),
-            scans: self.scans.load(Ordering::Relaxed),
+            snapshots: c.snapshots.load(Ordering::Relaxed),
+            calls: c.calls.load(Ordering::Relaxed),
+            rows: c.rows.load(Ordering::Relaxed),
+            gets: c.gets.load(Ordering::Relaxed),
+            scans: c.scans.load(Ordering::Relaxed),
+            writes: c.writes.load(Ordering::Relaxed),
         }
     }
 
     /// Sets every count back to zero.
     pub fn reset(&self) {
-        self.rows.store(0, Ordering::Relaxed);
-        self.gets.store(0, Ordering::Relaxed);
-        self.scans.store(0, Ordering::Relaxed);
+        let c = &self.counters;
+        for n in [
+            &c.snapshots,
+            &c.calls,
+            &c.rows,
+            &c.gets,
+            &c.scans,
+            &c.writes,
+        ] {
+            n.store(0, Ordering::Relaxed);
+        }
     }
 
     /// The wrapped store.
@@ -57,39 +84,50 @@ impl<S: Store> CountingStore<S> {
     }
 }
 
+struct CountingSnapshot {
+    inner: Box<dyn Snapshot>,
+    counters: Arc<Counters>,
+}
+
+#[async_trait::async_trait]
+impl Snapshot for CountingSnapshot {
+    async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult> {
+        let c = &self.counters;
+        c.calls.fetch_add(1, Ordering::Relaxed);
+        c.gets.fetch_add(gets.len() as u64, Ordering::Relaxed);
+        c.scans.fetch_add(scans.len() as u64, Ordering::Relaxed);
+        let out = self.inner.read(gets, scans).await?;
+        let n = out.rows.iter().filter(|r| r.is_some()).count()
+            + out.scans.iter().map(Vec::len).sum::<usize>();
+        c.rows.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(out)
+    }
+}
+
 #[async_trait::async_trait]
 impl<S: Store> Store for CountingStore<S> {
-    async fn get(&self, key: Key) -> StoreResult<Option<Row>> {
-        self.gets.fetch_add(1, Ordering::Relaxed);
-        let row = self.inner.get(key).await?;
-        self.rows.fetch_add(row.is_some() as u64, Ordering::Relaxed);
-        Ok(row)
-    }
-
-    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Row>>> {
-        self.gets.fetch_add(keys.len() as u64, Ordering::Relaxed);
-        let rows = self.inner.get_many(keys).await?;
-        let found = rows.iter().filter(|r| r.is_some()).count();
-        self.rows.fetch_add(found as u64, Ordering::Relaxed);
-        Ok(rows)
-    }
-
-    async fn scan(&self, scan: Scan) -> StoreResult<Vec<Row>> {
-        self.scans.fetch_add(1, Ordering::Relaxed);
-        let rows = self.inner.scan(scan).await?;
-        self.rows.fetch_add(rows.len() as u64, Ordering::Relaxed);
-        Ok(rows)
-    }
-
-    async fn scan_many(&self, scans: Vec<Scan>) -> StoreResult<Vec<Vec<Row>>> {
-        self.scans.fetch_add(scans.len() as u64, Ordering::Relaxed);
-        let out = self.inner.scan_many(scans).await?;
-        let n: usize = out.iter().map(|r| r.len()).sum();
-        self.rows.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(out)
+    async fn snapshot(&self) -> StoreResult<Box<dyn Snapshot>> {
+        self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
+        Ok(Box::new(CountingSnapshot {
+            inner: self.inner.snapshot().await?,
+            counters: self.counters.clone(),
+        }))
     }
 
     async fn write(&self, batch: Batch) -> StoreResult<()> {
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
         self.inner.write(batch).await
+    }
+
+    fn consistency(&self) -> Consistency {
+        self.inner.consistency()
+    }
+
+    fn partition_split(&self) -> u32 {
+        self.inner.partition_split()
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.inner.counters()
     }
 }

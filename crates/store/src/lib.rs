@@ -11,32 +11,40 @@
 //! two byte strings. It holds a value (bytes) and a version (`u64`, chosen by
 //! the writer). Rows of one partition are ordered by their clustering key,
 //! compared as plain bytes (`memcmp`, a shorter key before any longer key it
-//! is a prefix of, the empty key first). Rows of different partitions have no
+//! is a prefix of). Both keys are 1 to [`MAX_KEY_LEN`] bytes, never empty. Rows of different partitions have no
 //! order relative to each other: nothing in the contract reads across
 //! partitions.
 //!
 //! # Operations
 //!
-//! - [`Store::get`] / [`Store::get_many`]: point reads.
-//! - [`Store::scan`] / [`Store::scan_many`]: an ordered read of one partition
-//!   between two clustering bounds, forward or reverse, with a limit.
+//! - [`Store::snapshot`]: opens a read [`Snapshot`]; every read goes
+//!   through one. [`Snapshot::read`] takes point reads and ordered scans of
+//!   single partitions (between two clustering bounds, forward or reverse,
+//!   with a limit) together, as one round trip.
 //! - [`Store::write`]: an atomic [`Batch`] of puts and deletes over any tables
 //!   and partitions, optionally guarded by conditions on rows of **one**
 //!   partition. A failed guard applies nothing and names the guard.
+//!
+//! An engine operation opens one snapshot, reads everything it needs
+//! through it (as few calls as its data dependencies allow), drops it, and
+//! ends in at most one write guarded on what it read. So "how many round
+//! trips does this request make" is answered by reading one function.
 //!
 //! # How each backend maps the contract
 //!
 //! | contract | SQLite | PostgreSQL | Cassandra |
 //! | --- | --- | --- | --- |
 //! | row | `rows(tbl, part BLOB, clus BLOB, value, version)`, primary key `(tbl, part, clus)`, `WITHOUT ROWID` | one table, primary key `(tbl, part bytea, clus bytea)` (bytea compares bytewise) | a table per contract table, `PRIMARY KEY ((part), clus)`; `blob` clustering columns compare bytewise |
-//! | `get` | `SELECT … WHERE tbl=? AND part=? AND clus=?` | the same, prepared | `SELECT … WHERE part=? AND clus=?` at QUORUM |
-//! | `scan` | `… AND clus >[=] ? AND clus <[=] ? ORDER BY clus ASC/DESC LIMIT ?` | the same | the same CQL: clustering slices with `ORDER BY` and `LIMIT` are native |
-//! | `write` without guards | one transaction | one transaction | one logged batch |
+//! | snapshot | a read connection checked out of a pool, one read transaction (WAL: sees the state of its first read), every call run on the calling thread — no hand-off | one `REPEATABLE READ READ ONLY` transaction on one pooled connection; the reads of a call are pipelined | no snapshot ([`Consistency::PerRead`]): every read at QUORUM |
+//! | point read | `SELECT … WHERE tbl=? AND part=? AND clus=?` | the same, prepared | `SELECT … WHERE part=? AND clus=?` |
+//! | scan | `… AND clus >[=] ? AND clus <[=] ? ORDER BY clus ASC/DESC LIMIT ?` | the same | the same CQL: clustering slices with `ORDER BY` and `LIMIT` are native |
+//! | `write` without guards | one transaction (group commit: one fsync for every write queued meanwhile) | one transaction | one logged batch |
 //! | `write` with guards | guards checked and ops applied in one transaction (one `SAVEPOINT` per write inside a group commit) | `SELECT … FOR UPDATE` on the guarded rows, then the ops, in one transaction; serialization failures map to [`StoreError::Conflict`] | a conditional (LWT) batch on the guarded partition, carrying the rest of the batch as an intent row, then one logged batch with the rest and the intent's removal; readers of a partition with a pending intent roll it forward |
 //!
 //! Guards are restricted to one partition because that is the largest unit
-//! Cassandra can update conditionally; the contract never asks a backend for
-//! more than every backend can give.
+//! Cassandra can update conditionally; keys are never empty because
+//! Cassandra cannot store an empty partition key. The contract never asks a
+//! backend for more than every backend can give.
 
 #![warn(missing_docs)]
 
@@ -302,11 +310,24 @@ impl Batch {
     }
 }
 
-/// Checks the key size limits.
+/// Checks a row key: neither part empty (a distributed backend cannot
+/// store an empty partition key, and the contract asks no backend for what
+/// one cannot give), neither longer than [`MAX_KEY_LEN`].
 pub fn check_key(key: &Key) -> Result<(), StoreError> {
-    if key.partition.len() > MAX_KEY_LEN || key.clustering.len() > MAX_KEY_LEN {
+    check_partition(&key.partition)?;
+    if key.clustering.is_empty() || key.clustering.len() > MAX_KEY_LEN {
         return Err(StoreError::Invalid(format!(
-            "key part longer than {MAX_KEY_LEN} bytes"
+            "a clustering key has 1 to {MAX_KEY_LEN} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a partition key: 1 to [`MAX_KEY_LEN`] bytes.
+pub fn check_partition(partition: &[u8]) -> Result<(), StoreError> {
+    if partition.is_empty() || partition.len() > MAX_KEY_LEN {
+        return Err(StoreError::Invalid(format!(
+            "a partition key has 1 to {MAX_KEY_LEN} bytes"
         )));
     }
     Ok(())
@@ -352,41 +373,44 @@ impl StoreError {
 /// Result of store operations.
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// Most point reads in one [`Snapshot::read`] call.
+pub const MAX_READ_KEYS: usize = 4096;
+/// Most rows one [`Snapshot::read`] call may ask for: the sum of its scans'
+/// limits. Together with [`MAX_READ_KEYS`] this bounds the work of one call,
+/// which on the embedded store runs on the calling thread (about 1–3 ms of
+/// one core at the bound).
+pub const MAX_READ_ROWS: usize = 16_384;
+
+/// What a backend's snapshots guarantee.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Consistency {
+    /// Every read of one snapshot sees the same committed state: the state as
+    /// of the snapshot's first read (SQLite: one read transaction;
+    /// PostgreSQL: one `REPEATABLE READ` read-only transaction; memory).
+    Snapshot,
+    /// Each read sees every write acknowledged before that read started, but
+    /// two reads of one snapshot may see different states (Cassandra at
+    /// QUORUM). The engine orders its reads so that this is enough.
+    PerRead,
+}
+
 /// The storage contract. Every method is safe to call concurrently from many
 /// tasks; implementations keep no lock across calls that callers could see.
 ///
-/// Visibility: once [`Store::write`] returns `Ok`, every later read on any
-/// handle of the same store (any node, for shared backends) sees the write.
-/// A read never sees part of a batch.
+/// Visibility: once [`Store::write`] returns `Ok`, every snapshot opened
+/// afterwards on any handle of the same store (any node, for shared
+/// backends) sees the write. A read never sees part of a batch.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Reads one row; `None` if absent.
-    async fn get(&self, key: Key) -> StoreResult<Option<Row>>;
-
-    /// Reads several rows, answers in the order of `keys`. Backends may read
-    /// them in one round trip; each answer is as [`Store::get`] would give.
-    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Row>>> {
-        let mut out = Vec::with_capacity(keys.len());
-        for key in keys {
-            out.push(self.get(key).await?);
-        }
-        Ok(out)
-    }
-
-    /// Reads at most `scan.limit` rows of one partition whose clustering keys
-    /// lie within the bounds, in ascending byte order (`Forward`, starting at
-    /// the lower bound) or descending (`Reverse`, starting at the upper bound).
-    /// A limit of 0 returns nothing.
-    async fn scan(&self, scan: Scan) -> StoreResult<Vec<Row>>;
-
-    /// Runs several scans, answers in order; each as [`Store::scan`] gives.
-    async fn scan_many(&self, scans: Vec<Scan>) -> StoreResult<Vec<Vec<Row>>> {
-        let mut out = Vec::with_capacity(scans.len());
-        for scan in scans {
-            out.push(self.scan(scan).await?);
-        }
-        Ok(out)
-    }
+    /// Opens a read snapshot: the one way to read. An engine operation opens
+    /// one, does every read of the request through it, and drops it before
+    /// it writes. What it guarantees is [`Store::consistency`]. A snapshot
+    /// holds backend resources (a connection): keep it for one request.
+    ///
+    /// Fails with [`StoreError::Unavailable`] when the backend is saturated
+    /// (every connection busy for longer than a short wait): overload is
+    /// answered, not queued.
+    async fn snapshot(&self) -> StoreResult<Box<dyn Snapshot>>;
 
     /// Applies the batch atomically: all of it or none of it, and only if
     /// every guard holds at the moment of applying. Returns `Ok` only once the
@@ -394,24 +418,122 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError::GuardFailed`] with the index of the first failing guard
     /// and changes nothing. Concurrent writes are serialisable: of N batches
     /// guarded on the same row version, at most one succeeds.
+    ///
+    /// Fails with [`StoreError::Unavailable`] at once when the backend's
+    /// write queue is full.
     async fn write(&self, batch: Batch) -> StoreResult<()>;
+
+    /// What this backend's snapshots guarantee.
+    fn consistency(&self) -> Consistency;
+
+    /// Into how many buckets a client should split a partition that every
+    /// reader shares (1: partitions may grow large; a distributed backend
+    /// answers more). A layout choice, made once when a store is created.
+    fn partition_split(&self) -> u32 {
+        1
+    }
+
+    /// The backend's own counters, for metrics (`name`, value): commits,
+    /// fsyncs, queue refusals, ... Names are lower-case with `_`.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+}
+
+/// A read view of the store (see [`Store::snapshot`]).
+///
+/// Every call is one round trip to the backend at most: its point reads and
+/// scans are independent of each other and a backend may run them together.
+/// Calls over [`MAX_READ_KEYS`] keys or [`MAX_READ_ROWS`] rows are refused
+/// with [`StoreError::Invalid`].
+#[async_trait::async_trait]
+pub trait Snapshot: Send {
+    /// Reads `gets` (answers in their order, `None` for an absent row) and
+    /// runs `scans` (answers in their order; each returns at most `limit`
+    /// rows of one partition whose clustering keys lie within the bounds, in
+    /// ascending byte order for `Forward`, starting at the lower bound, or
+    /// descending for `Reverse`, starting at the upper bound).
+    async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult>;
+}
+
+/// The answers of one [`Snapshot::read`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadResult {
+    /// One answer per key asked for, in order.
+    pub rows: Vec<Option<Row>>,
+    /// One answer per scan asked for, in order.
+    pub scans: Vec<Vec<Row>>,
+}
+
+/// Conveniences over [`Snapshot::read`]; each is one call.
+#[async_trait::async_trait]
+pub trait SnapshotExt: Snapshot {
+    /// One point read.
+    async fn get(&mut self, key: &Key) -> StoreResult<Option<Row>> {
+        let mut r = self.read(std::slice::from_ref(key), &[]).await?;
+        Ok(r.rows.pop().flatten())
+    }
+
+    /// Several point reads.
+    async fn get_many(&mut self, keys: &[Key]) -> StoreResult<Vec<Option<Row>>> {
+        Ok(self.read(keys, &[]).await?.rows)
+    }
+
+    /// One scan.
+    async fn scan(&mut self, scan: &Scan) -> StoreResult<Vec<Row>> {
+        let mut r = self.read(&[], std::slice::from_ref(scan)).await?;
+        Ok(r.scans.pop().unwrap_or_default())
+    }
+
+    /// Several scans.
+    async fn scan_many(&mut self, scans: &[Scan]) -> StoreResult<Vec<Vec<Row>>> {
+        Ok(self.read(&[], scans).await?.scans)
+    }
+}
+
+impl<T: Snapshot + ?Sized> SnapshotExt for T {}
+
+/// Checks a read call against the contract's bounds; backends call this
+/// before touching data.
+pub fn check_read(gets: &[Key], scans: &[Scan]) -> StoreResult<()> {
+    if gets.len() > MAX_READ_KEYS {
+        return Err(StoreError::Invalid(format!(
+            "{} point reads in one call; at most {MAX_READ_KEYS}",
+            gets.len()
+        )));
+    }
+    let rows = scans
+        .iter()
+        .fold(0usize, |n, s| n.saturating_add(s.limit));
+    if rows > MAX_READ_ROWS {
+        return Err(StoreError::Invalid(format!(
+            "scans asking for {rows} rows in one call; at most {MAX_READ_ROWS}"
+        )));
+    }
+    for k in gets {
+        check_key(k)?;
+    }
+    for s in scans {
+        check_partition(&s.partition)?;
+    }
+    Ok(())
 }
 
 #[async_trait::async_trait]
 impl<S: Store + ?Sized> Store for Arc<S> {
-    async fn get(&self, key: Key) -> StoreResult<Option<Row>> {
-        (**self).get(key).await
-    }
-    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Row>>> {
-        (**self).get_many(keys).await
-    }
-    async fn scan(&self, scan: Scan) -> StoreResult<Vec<Row>> {
-        (**self).scan(scan).await
-    }
-    async fn scan_many(&self, scans: Vec<Scan>) -> StoreResult<Vec<Vec<Row>>> {
-        (**self).scan_many(scans).await
+    async fn snapshot(&self) -> StoreResult<Box<dyn Snapshot>> {
+        (**self).snapshot().await
     }
     async fn write(&self, batch: Batch) -> StoreResult<()> {
         (**self).write(batch).await
+    }
+    fn consistency(&self) -> Consistency {
+        (**self).consistency()
+    }
+    fn partition_split(&self) -> u32 {
+        (**self).partition_split()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        (**self).counters()
     }
 }

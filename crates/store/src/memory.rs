@@ -1,37 +1,75 @@
-//! An in-memory reference store: ordered maps behind one lock.
+//! An in-memory reference store: ordered maps behind one lock, with a
+//! version history per row so that snapshots are real snapshots.
 //!
 //! It exists for tests and as the executable meaning of the contract; the one
 //! lock makes it simple and obviously serialisable, and unfit for serving.
+//! Old row versions are never collected: a test store lives for one test.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
-use crate::{Batch, Direction, Expect, Key, Op, Row, Scan, Store, StoreError, StoreResult, Table};
+use crate::{
+    check_read, Batch, Consistency, Direction, Expect, Key, Op, ReadResult, Row, Scan, Snapshot,
+    Store, StoreError, StoreResult, Table,
+};
 
-type Partition = BTreeMap<Vec<u8>, (Vec<u8>, u64)>;
+/// Every version of one row: `(commit number, value and version or deleted)`,
+/// oldest first.
+type History = Vec<(u64, Option<(Vec<u8>, u64)>)>;
+type Partition = BTreeMap<Vec<u8>, History>;
 
-/// Rows in nested ordered maps: `(table, partition) -> clustering -> row`.
 #[derive(Default)]
+struct State {
+    rows: BTreeMap<(Table, Vec<u8>), Partition>,
+    /// Number of the last commit.
+    commit: u64,
+}
+
+/// Rows in nested ordered maps: `(table, partition) -> clustering -> history`.
+#[derive(Clone, Default)]
 pub struct MemoryStore {
-    rows: RwLock<BTreeMap<(Table, Vec<u8>), Partition>>,
+    state: Arc<RwLock<State>>,
+    split: u32,
 }
 
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> MemoryStore {
-        MemoryStore::default()
+        MemoryStore::with_split(1)
     }
 
-    /// How many rows the store holds, over all tables.
+    /// An empty store that asks its clients to split shared partitions in
+    /// `split` buckets (as a distributed backend does), for tests of that
+    /// layout.
+    pub fn with_split(split: u32) -> MemoryStore {
+        MemoryStore {
+            state: Arc::default(),
+            split: split.max(1),
+        }
+    }
+
+    /// How many live rows the store holds, over all tables.
     pub fn len(&self) -> usize {
-        self.rows.read().unwrap().values().map(|p| p.len()).sum()
+        let s = self.state.read().unwrap();
+        s.rows
+            .values()
+            .flat_map(|p| p.values())
+            .filter(|h| h.last().is_some_and(|(_, v)| v.is_some()))
+            .count()
     }
 
     /// Whether the store holds no row.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+fn visible(h: &History, at: u64) -> Option<&(Vec<u8>, u64)> {
+    h.iter()
+        .rev()
+        .find(|(c, _)| *c <= at)
+        .and_then(|(_, v)| v.as_ref())
 }
 
 fn bound_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
@@ -42,47 +80,79 @@ fn bound_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
     }
 }
 
-#[async_trait::async_trait]
-impl Store for MemoryStore {
-    async fn get(&self, key: Key) -> StoreResult<Option<Row>> {
-        let rows = self.rows.read().unwrap();
-        Ok(rows
-            .get(&(key.table, key.partition))
-            .and_then(|p| p.get(&key.clustering))
-            .map(|(value, version)| Row {
-                clustering: key.clustering,
-                value: value.clone(),
-                version: *version,
-            }))
-    }
+/// A snapshot of the memory store: the commit number of its first read.
+struct MemorySnapshot {
+    state: Arc<RwLock<State>>,
+    at: Option<u64>,
+}
 
-    async fn scan(&self, scan: Scan) -> StoreResult<Vec<Row>> {
-        if scan.limit == 0 || !bounds_nonempty(&scan) {
-            return Ok(Vec::new());
+impl MemorySnapshot {
+    fn scan(&self, s: &State, at: u64, scan: &Scan) -> Vec<Row> {
+        if scan.limit == 0 || !bounds_nonempty(scan) {
+            return Vec::new();
         }
-        let rows = self.rows.read().unwrap();
-        let Some(part) = rows.get(&(scan.table, scan.partition.clone())) else {
-            return Ok(Vec::new());
+        let Some(part) = s.rows.get(&(scan.table, scan.partition.clone())) else {
+            return Vec::new();
         };
         let range = part.range::<[u8], _>((bound_ref(&scan.lower), bound_ref(&scan.upper)));
-        let to_row = |(k, (v, ver)): (&Vec<u8>, &(Vec<u8>, u64))| Row {
-            clustering: k.clone(),
-            value: v.clone(),
-            version: *ver,
+        let to_row = |(k, h): (&Vec<u8>, &History)| {
+            visible(h, at).map(|(v, ver)| Row {
+                clustering: k.clone(),
+                value: v.clone(),
+                version: *ver,
+            })
         };
-        Ok(match scan.direction {
-            Direction::Forward => range.take(scan.limit).map(to_row).collect(),
-            Direction::Reverse => range.rev().take(scan.limit).map(to_row).collect(),
-        })
+        match scan.direction {
+            Direction::Forward => range.filter_map(to_row).take(scan.limit).collect(),
+            Direction::Reverse => range.rev().filter_map(to_row).take(scan.limit).collect(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Snapshot for MemorySnapshot {
+    async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult> {
+        check_read(gets, scans)?;
+        let s = self.state.read().unwrap();
+        let at = *self.at.get_or_insert(s.commit);
+        let rows = gets
+            .iter()
+            .map(|k| {
+                s.rows
+                    .get(&(k.table, k.partition.clone()))
+                    .and_then(|p| p.get(&k.clustering))
+                    .and_then(|h| visible(h, at))
+                    .map(|(v, ver)| Row {
+                        clustering: k.clustering.clone(),
+                        value: v.clone(),
+                        version: *ver,
+                    })
+            })
+            .collect();
+        let scans = scans.iter().map(|sc| self.scan(&s, at, sc)).collect();
+        Ok(ReadResult { rows, scans })
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for MemoryStore {
+    async fn snapshot(&self) -> StoreResult<Box<dyn Snapshot>> {
+        Ok(Box::new(MemorySnapshot {
+            state: self.state.clone(),
+            at: None,
+        }))
     }
 
     async fn write(&self, batch: Batch) -> StoreResult<()> {
         batch.validate()?;
-        let mut rows = self.rows.write().unwrap();
+        let mut s = self.state.write().unwrap();
+        let now = s.commit;
         for (i, g) in batch.guards.iter().enumerate() {
-            let current = rows
+            let current = s
+                .rows
                 .get(&(g.key.table, g.key.partition.clone()))
                 .and_then(|p| p.get(&g.key.clustering))
+                .and_then(|h| visible(h, now))
                 .map(|(_, v)| *v);
             let holds = match (g.expect, current) {
                 (Expect::Absent, None) => true,
@@ -93,29 +163,42 @@ impl Store for MemoryStore {
                 return Err(StoreError::GuardFailed { guard: i });
             }
         }
+        if batch.ops.is_empty() {
+            return Ok(());
+        }
+        let commit = now + 1;
+        s.commit = commit;
         for op in batch.ops {
-            match op {
+            let (key, new) = match op {
                 Op::Put {
                     key,
                     value,
                     version,
-                } => {
-                    rows.entry((key.table, key.partition))
-                        .or_default()
-                        .insert(key.clustering, (value, version));
-                }
-                Op::Delete { key } => {
-                    let pk = (key.table, key.partition);
-                    if let Some(p) = rows.get_mut(&pk) {
-                        p.remove(&key.clustering);
-                        if p.is_empty() {
-                            rows.remove(&pk);
-                        }
-                    }
-                }
+                } => (key, Some((value, version))),
+                Op::Delete { key } => (key, None),
+            };
+            let h = s
+                .rows
+                .entry((key.table, key.partition))
+                .or_default()
+                .entry(key.clustering)
+                .or_default();
+            // A later op of the same batch on the same row replaces the
+            // earlier one: one version per row and commit.
+            if h.last().is_some_and(|(c, _)| *c == commit) {
+                h.pop();
             }
+            h.push((commit, new));
         }
         Ok(())
+    }
+
+    fn consistency(&self) -> Consistency {
+        Consistency::Snapshot
+    }
+
+    fn partition_split(&self) -> u32 {
+        self.split
     }
 }
 

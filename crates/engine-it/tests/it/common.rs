@@ -11,7 +11,6 @@ use tarn_store::Store;
 pub fn config() -> EngineConfig {
     EngineConfig {
         password_cost: PasswordCost::for_tests(),
-        write_lease: Duration::from_millis(10),
         clock: Clock::Stepping(Arc::new(AtomicI64::new(1_700_000_000_000_000))),
         ..EngineConfig::default()
     }
@@ -81,10 +80,48 @@ pub fn props(v: Value) -> Map<String, Value> {
 /// Waits until an index is ready (its build runs in the background).
 pub async fn wait_ready(e: &Engine, name: &str) {
     for _ in 0..500 {
-        if e.get_index(name).await.unwrap().state == tarn_engine::IndexState::Ready {
+        if e.get_index(&admin(), name).await.unwrap().state == tarn_engine::IndexState::Ready {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("index {name} never became ready");
+}
+
+/// A memory store that lets one write to the index declarations through
+/// and holds back every later one until released: an index declared on it
+/// stays `building`.
+pub struct HeldDefs {
+    inner: tarn_store::memory::MemoryStore,
+    passed: std::sync::atomic::AtomicBool,
+    release: tokio::sync::Notify,
+}
+
+impl HeldDefs {
+    pub fn new() -> HeldDefs {
+        HeldDefs {
+            inner: tarn_store::memory::MemoryStore::new(),
+            passed: Default::default(),
+            release: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for HeldDefs {
+    async fn snapshot(&self) -> tarn_store::StoreResult<Box<dyn tarn_store::Snapshot>> {
+        self.inner.snapshot().await
+    }
+
+    async fn write(&self, batch: tarn_store::Batch) -> tarn_store::StoreResult<()> {
+        let defs = batch.ops.iter().any(|op| op.key().table.name() == "index_defs");
+        if defs && self.passed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.release.notified().await;
+        }
+        self.inner.write(batch).await
+    }
+
+    fn consistency(&self) -> tarn_store::Consistency {
+        self.inner.consistency()
+    }
 }

@@ -275,7 +275,8 @@ async fn apply(engine: &Engine, model: &mut Model, op: &Op) {
                     &member.principal(),
                 )
                 .await;
-            let want = if *by != *group {
+            // Managers remove anyone; anyone may leave.
+            let want = if *by != *group && *member != Who::User(*by) {
                 Outcome::Forbidden
             } else {
                 Outcome::Ok

@@ -1,11 +1,10 @@
 //! Every refusal the engine makes, one test each.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::json;
 use tarn_engine::{
-    Caller, Engine, EngineConfig, EngineError, Grant, ListQuery, Order, Principal, Role, SortField,
+    Caller, Engine, EngineError, Grant, ListQuery, Order, Principal, Role, SortField,
 };
 
 use crate::common::{self, admin, props, sign_up};
@@ -265,15 +264,11 @@ async fn missing_index_names_the_index_to_declare() {
 
 #[tokio::test]
 async fn index_still_building_is_refused() {
-    let store = Arc::new(tarn_store::memory::MemoryStore::new());
-    // A long lease keeps the build waiting, so the index stays building.
-    let e = Engine::new(
-        store,
-        EngineConfig {
-            write_lease: Duration::from_secs(3600),
-            ..common::config()
-        },
-    );
+    // A store that holds back every write to the index declarations after
+    // the first (the declaration itself), so the build never marks the
+    // index ready.
+    let store = Arc::new(common::HeldDefs::new());
+    let e = Engine::new(store.clone(), common::config());
     let (alice, _) = alice_bob(&e).await;
     let sort = vec![SortField {
         field: "title".into(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 use tarn_engine::{
-    BodyRange, EngineError, Grant, IndexState, ListQuery, Order, Principal, Role, SortField,
+    BodyRange, Caller, EngineError, Grant, IndexState, ListQuery, Order, Principal, Role, SortField,
 };
 use tarn_store::memory::MemoryStore;
 
@@ -22,29 +22,34 @@ async fn sessions_open_hold_and_end() {
     let (token, user) = e.sign_in("alice", "alice-password").await.unwrap();
     assert_eq!(user.username, "alice");
     assert!(token.len() >= 22, "at least 128 bits");
-    assert_eq!(e.authenticate(&token).await.unwrap(), common::user("alice"));
+    assert!(token.starts_with("alice."), "a token names its user");
+    let tok = |t: &str| Caller::Token(t.to_string());
+    assert_eq!(e.me(&tok(&token)).await.unwrap().user.username, "alice");
     let (second, _) = e.sign_in("alice", "alice-password").await.unwrap();
-    e.sign_out(&token).await.unwrap();
+    e.sign_out(&tok(&token)).await.unwrap();
     assert!(matches!(
-        e.authenticate(&token).await,
+        e.me(&tok(&token)).await,
         Err(EngineError::Unauthenticated(_))
     ));
-    assert!(
-        e.authenticate(&second).await.is_ok(),
-        "other sessions live on"
-    );
+    assert!(e.me(&tok(&second)).await.is_ok(), "other sessions live on");
+    // A token for another user with a real secret is refused.
+    let forged = format!("bob.{}", second.rsplit_once('.').unwrap().1);
+    assert!(matches!(
+        e.me(&tok(&forged)).await,
+        Err(EngineError::Unauthenticated(_))
+    ));
     // A password reset ends every session.
     e.set_password("alice", "a new password", None, false)
         .await
         .unwrap();
-    assert!(e.authenticate(&second).await.is_err());
+    assert!(e.me(&tok(&second)).await.is_err());
     assert!(e.sign_in("alice", "alice-password").await.is_err());
     e.sign_in("alice", "a new password").await.unwrap();
     // The admin user.
     let a = e.ensure_admin("admin password").await.unwrap();
     assert!(a.admin);
     let (t, _) = e.sign_in("admin", "admin password").await.unwrap();
-    assert!(e.authenticate(&t).await.unwrap().is_admin());
+    assert!(e.me(&tok(&t)).await.unwrap().user.admin);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,9 +74,19 @@ async fn sessions_expire() {
             .await;
     }
     assert!(matches!(
-        e.authenticate(&token).await,
+        e.me(&Caller::Token(token.clone())).await,
         Err(EngineError::Unauthenticated(_))
     ));
+    // The request that found it expired removed its rows: what is left is
+    // the user, the group made while the clock ran, and the creator's
+    // group-creation window.
+    for _ in 0..100 {
+        if store.len() == before + 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(store.len(), before + 2, "the expired session's rows are gone");
 }
 
 #[tokio::test]
@@ -133,7 +148,14 @@ async fn settle_rows(store: &MemoryStore, want: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_stream_in_and_out_with_ranges() {
     let store = Arc::new(MemoryStore::new());
-    let e = common::engine(store.clone());
+    // No grace: replaced bytes go at the next sweep.
+    let e = tarn_engine::Engine::new(
+        store.clone(),
+        tarn_engine::EngineConfig {
+            body_grace: std::time::Duration::ZERO,
+            ..common::config()
+        },
+    );
     let alice = sign_up(&e, "alice").await;
     let bob = sign_up(&e, "bob").await;
     let before_item = store.len();
@@ -201,17 +223,53 @@ async fn bodies_stream_in_and_out_with_ranges() {
         "{stale:?}"
     );
     settle_rows(&store, with_item + 11).await;
-    // Replacing the body removes the old chunks.
+    // Replacing the body buries the old chunks; the sweep removes them.
     let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
     up.write(b"small").await.unwrap();
     up.finish(None).await.unwrap();
     let (view, reader) = e.open_body(&bob, &id, None).await.unwrap();
     assert_eq!(view.item.body.unwrap().content_type, "text/plain");
     assert_eq!(read_all(reader.unwrap()).await, b"small");
-    settle_rows(&store, with_item + 1).await;
-    // Deleting the item removes everything it had.
+    assert_eq!(store.len(), with_item + 11 + 1 + 1, "old chunks wait in the graveyard");
+    e.sweep_from(0).await.unwrap();
+    assert_eq!(store.len(), with_item + 1);
+    // Deleting the item removes everything it had, its body at the sweep.
     e.delete_item(&alice, &id, None).await.unwrap();
-    settle_rows(&store, before_item).await;
+    e.sweep_from(0).await.unwrap();
+    assert_eq!(store.len(), before_item);
+}
+
+/// Regression: replacing or deleting a body removed its chunks at once,
+/// breaking downloads in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_in_progress_survive_replace_and_delete() {
+    let store = Arc::new(MemoryStore::new());
+    let e = common::engine(store.clone());
+    let alice = sign_up(&e, "alice").await;
+    let id = e
+        .create_item(&alice, "file", Default::default(), vec![])
+        .await
+        .unwrap()
+        .item
+        .id;
+    let data: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 253) as u8).collect();
+    let mut up = e.begin_body(&alice, &id, None, "application/octet-stream").await.unwrap();
+    up.write(&data).await.unwrap();
+    up.finish(None).await.unwrap();
+    let (_, reader) = e.open_body(&alice, &id, None).await.unwrap();
+    let mut reader = reader.unwrap();
+    let mut got = reader.next_chunk().await.unwrap().unwrap();
+    assert!(got.len() < data.len(), "the download is under way");
+    // Meanwhile the body is replaced, then the item deleted, and a sweep runs.
+    let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
+    up.write(b"new").await.unwrap();
+    up.finish(None).await.unwrap();
+    e.delete_item(&alice, &id, None).await.unwrap();
+    e.sweep_from(0).await.unwrap();
+    while let Some(c) = reader.next_chunk().await.unwrap() {
+        got.extend_from_slice(&c);
+    }
+    assert_eq!(got, data, "the download reads the body it started on");
 }
 
 #[tokio::test]
@@ -321,17 +379,17 @@ async fn where_indexes_and_backfill() {
     // Dropping removes the index and its rows.
     e.drop_index(&admin(), "members-by-team").await.unwrap();
     assert_eq!(
-        e.get_index("members-by-team").await.unwrap().state,
+        e.get_index(&admin(), "members-by-team").await.unwrap().state,
         IndexState::Dropping
     );
     for _ in 0..200 {
-        if e.get_index("members-by-team").await.is_err() {
+        if e.get_index(&admin(), "members-by-team").await.is_err() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(matches!(
-        e.get_index("members-by-team").await,
+        e.get_index(&admin(), "members-by-team").await,
         Err(EngineError::NotFound(_))
     ));
     let r = e.list_items(&alice, &q("red")).await;

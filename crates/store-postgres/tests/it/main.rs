@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tarn_store::{Batch, Expect, Key, Store, StoreError, Table};
+use tarn_store::{Batch, Expect, Key, Scan, SnapshotExt, Store, StoreError, Table};
 use tarn_store_postgres::PgStore;
 
 /// A URL with a fresh schema on the test server.
@@ -38,7 +38,8 @@ async fn nodes_share_one_database() {
     w.put(k.clone(), b"from a".to_vec(), 1)
         .guard(k.clone(), Expect::Absent);
     a.write(w).await.unwrap();
-    assert_eq!(b.get(k.clone()).await.unwrap().unwrap().value, b"from a");
+    let seen = b.snapshot().await.unwrap().get(&k).await.unwrap();
+    assert_eq!(seen.unwrap().value, b"from a");
     let mut w = Batch::new();
     w.put(k.clone(), b"from b".to_vec(), 2)
         .guard(k.clone(), Expect::Absent);
@@ -50,38 +51,60 @@ async fn nodes_share_one_database() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_are_idempotent_and_concurrent() {
+    // Four nodes start at once on an empty schema: every one must come up,
+    // and all must share the one table the first created.
     let url = fresh_url();
-    let stores = futures_join(&url).await;
-    assert_eq!(stores, 4);
-}
-
-async fn futures_join(url: &str) -> usize {
     let mut tasks = Vec::new();
     for _ in 0..4 {
-        let url = url.to_string();
-        tasks.push(tokio::spawn(async move {
-            PgStore::connect(&url).await.map(|_| ())
-        }));
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move { PgStore::connect(&url).await }));
     }
-    let mut ok = 0;
+    let mut stores = Vec::new();
     for t in tasks {
-        t.await.unwrap().unwrap();
-        ok += 1;
+        stores.push(t.await.unwrap().expect("a concurrent start succeeds"));
     }
-    ok
+    let t = Table::new("migrate");
+    for (i, s) in stores.iter().enumerate() {
+        let mut w = Batch::new();
+        w.put(Key::new(t, b"p", [i as u8 + 1]), vec![i as u8], 1);
+        s.write(w).await.unwrap();
+    }
+    for s in &stores {
+        let rows = s
+            .snapshot()
+            .await
+            .unwrap()
+            .scan(&Scan::partition(t, b"p".to_vec(), 10))
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 4, "every node sees every node's rows");
+    }
+    // A fifth start on the existing schema changes nothing.
+    let again = PgStore::connect(&url).await.unwrap();
+    let rows = again
+        .snapshot()
+        .await
+        .unwrap()
+        .scan(&Scan::partition(t, b"p".to_vec(), 10))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 4, "a restart keeps the data");
 }
 
 #[tokio::test]
 async fn bad_urls_are_refused_clearly() {
+    let base = std::env::var("TARN_TEST_POSTGRES").expect(
+        "TARN_TEST_POSTGRES is not set: run the tests through `make test` or scripts/with-postgres.sh",
+    );
     assert!(matches!(
         PgStore::connect("not a url").await,
         Err(StoreError::Invalid(_))
     ));
-    let url = format!(
-        "{}?schema=Bad;Name",
-        std::env::var("TARN_TEST_POSTGRES").unwrap_or_default()
-    );
-    assert!(PgStore::connect(&url).await.is_err());
+    match PgStore::connect(&format!("{base}?schema=Bad;Name")).await {
+        Err(StoreError::Invalid(m)) => assert!(m.contains("schema"), "{m}"),
+        Err(e) => panic!("expected invalid, got {e}"),
+        Ok(_) => panic!("a bad schema name must be refused"),
+    }
     // Nothing listens on port 9 of loopback.
     match PgStore::connect("postgres://tarn@127.0.0.1:9/tarn").await {
         Err(StoreError::Unavailable(_)) => {}
