@@ -22,9 +22,9 @@ lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # Every test, with a throwaway PostgreSQL (scripts/with-postgres.sh); the HTTP
-# suite runs twice: on the in-memory store and on PostgreSQL.
+# suite runs three times: on the in-memory store, on SQLite and on PostgreSQL.
 check-tests: setup
-	scripts/with-postgres.sh sh -c '$(CARGO) test --workspace && TARN_TEST_STORE=postgres $(CARGO) test -p tarn-server --test it'
+	scripts/with-postgres.sh sh -c '$(CARGO) test --workspace && TARN_TEST_STORE=sqlite $(CARGO) test -p tarn-server --test it && TARN_TEST_STORE=postgres $(CARGO) test -p tarn-server --test it'
 
 # Everything CI runs.
 test: lint check-tests

@@ -18,6 +18,8 @@ pub struct Reply {
     pub body: Bytes,
     /// The `ETag` header, if any.
     pub etag: Option<String>,
+    /// The `Retry-After` header in seconds, if any.
+    pub retry_after: Option<u64>,
 }
 
 impl Reply {
@@ -91,13 +93,23 @@ impl Http {
             .get("etag")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        let retry_after = res
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
         let body = res
             .into_body()
             .collect()
             .await
             .context("response body")?
             .to_bytes();
-        Ok(Reply { status, body, etag })
+        Ok(Reply {
+            status,
+            body,
+            etag,
+            retry_after,
+        })
     }
 
     /// Sends JSON (or nothing) and reads the answer.

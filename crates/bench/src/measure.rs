@@ -27,6 +27,8 @@ pub struct Recorder {
     statuses: BTreeMap<(String, u16), u64>,
     /// Transport failures by message.
     errors: BTreeMap<String, u64>,
+    /// Responses that shed load and were retried, per operation.
+    shed: BTreeMap<String, u64>,
     /// Responses over one second: operation and milliseconds.
     slow: Vec<(String, f64)>,
 }
@@ -42,6 +44,7 @@ impl Default for Recorder {
             ops: BTreeMap::new(),
             statuses: BTreeMap::new(),
             errors: BTreeMap::new(),
+            shed: BTreeMap::new(),
             slow: Vec::new(),
         }
     }
@@ -56,6 +59,42 @@ impl Recorder {
     {
         let start = Instant::now();
         let result = request.await;
+        self.record(op, start, result)
+    }
+
+    /// Times a request that the server may shed: a `503` with `Retry-After`
+    /// is counted as shed, waited out (at most `max_wait` each time) and
+    /// sent again, up to `attempts` times; the time recorded is the whole
+    /// wait, as the user sees it.
+    pub async fn time_shed<F, Fut>(
+        &mut self,
+        op: &str,
+        attempts: u32,
+        max_wait: std::time::Duration,
+        mut request: F,
+    ) -> Option<Reply>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = anyhow::Result<Reply>>,
+    {
+        let start = Instant::now();
+        for _ in 1..attempts {
+            match request().await {
+                Ok(r) if r.status == 503 && r.retry_after.is_some() => {
+                    if self.active {
+                        *self.shed.entry(op.to_string()).or_default() += 1;
+                    }
+                    let wait = std::time::Duration::from_secs(r.retry_after.unwrap_or(1));
+                    tokio::time::sleep(wait.min(max_wait)).await;
+                }
+                other => return self.record(op, start, other),
+            }
+        }
+        let last = request().await;
+        self.record(op, start, last)
+    }
+
+    fn record(&mut self, op: &str, start: Instant, result: anyhow::Result<Reply>) -> Option<Reply> {
         let micros = start.elapsed().as_micros() as u64;
         if !self.active {
             return result.ok();
@@ -96,6 +135,9 @@ impl Recorder {
         for (k, n) in other.errors {
             *self.errors.entry(k).or_default() += n;
         }
+        for (k, n) in other.shed {
+            *self.shed.entry(k).or_default() += n;
+        }
         self.slow.extend(other.slow);
     }
 
@@ -117,6 +159,7 @@ impl Recorder {
                     .sum();
                 let mut stats = op_stats(h, secs);
                 stats.server_errors = server_errors;
+                stats.shed = self.shed.get(op).copied().unwrap_or(0);
                 stats.statuses = statuses;
                 (op.clone(), stats)
             })
@@ -157,6 +200,7 @@ pub fn op_stats(h: &Histogram<u64>, secs: f64) -> OpStats {
         under_2s: h.count_between(0, 2_000_000) as f64 / h.len().max(1) as f64,
         statuses: BTreeMap::new(),
         server_errors: 0,
+        shed: 0,
         ratio_to_health: None,
     }
 }
@@ -184,6 +228,10 @@ pub struct OpStats {
     pub statuses: BTreeMap<String, u64>,
     /// Responses with a 5xx status.
     pub server_errors: u64,
+    /// Responses that shed load (`503` with `Retry-After`), waited out and
+    /// retried by the kit (not counted in `server_errors`).
+    #[serde(default)]
+    pub shed: u64,
     /// Throughput over the health ceiling's at the same concurrency.
     pub ratio_to_health: Option<f64>,
 }

@@ -72,6 +72,10 @@ pub struct Results {
     pub server_errors: u64,
     /// Requests that got no response, over all steps.
     pub transport_errors: u64,
+    /// Responses that shed load (503 with Retry-After) and were retried,
+    /// over all steps; not errors.
+    #[serde(default)]
+    pub shed: u64,
     /// The plots.
     pub plots: Vec<Plot>,
 }
@@ -118,6 +122,12 @@ impl Results {
         run: WorkloadRun,
     ) -> Results {
         let server_errors = run.steps.iter().map(Step::server_errors).sum();
+        let shed = run
+            .steps
+            .iter()
+            .flat_map(|s| s.ops.values())
+            .map(|o| o.shed)
+            .sum();
         let transport_errors = run
             .steps
             .iter()
@@ -140,6 +150,7 @@ impl Results {
             marks: run.marks,
             server_errors,
             transport_errors,
+            shed,
             plots,
         }
     }
@@ -440,6 +451,13 @@ fn html(r: &Results, svgs: &[String]) -> String {
     } else {
         h.push_str("<p class=\"ok\">No 5xx responses and no failed requests.</p>");
     }
+    if r.shed > 0 {
+        let _ = write!(
+            h,
+            "<p>{} requests were shed (503 with Retry-After: the server refused them at once rather than queue them) and sent again by the kit.</p>",
+            r.shed
+        );
+    }
     h.push_str(
         "<h2>Marks</h2><table><tr><th>what</th><th>target</th><th>tarn</th><th>pass</th></tr>",
     );
@@ -580,9 +598,10 @@ pub fn summary(r: &Results, out: &Path) -> String {
     }
     let _ = writeln!(
         t,
-        "\n{} 5xx responses, {} failed requests. Results in {}",
+        "\n{} 5xx responses, {} failed requests, {} shed and retried. Results in {}",
         r.server_errors,
         r.transport_errors,
+        r.shed,
         out.display()
     );
     t

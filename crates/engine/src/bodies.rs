@@ -19,7 +19,7 @@ use sha2::Digest;
 use tarn_store::{Batch, Key, Scan, SnapshotExt};
 
 use crate::error::{EngineError, Result};
-use crate::items::check_version;
+use crate::items::{check_version, ItemWant};
 use crate::schema::{self, BLOBS, GRAVEYARD};
 use crate::{b64, random_bytes, BodyMeta, Caller, Engine, ItemView, Role};
 
@@ -96,7 +96,7 @@ impl Engine {
             .retrying(|| async {
                 let mut snap = self.snapshot().await?;
                 let (_, a, _, _) = self
-                    .read_item_for(&mut snap, caller, id, link, false, &[], &[])
+                    .read_item_for(&mut snap, caller, ItemWant::read(id, link), &[], &[])
                     .await?;
                 Ok(a)
             })
@@ -290,9 +290,7 @@ impl BodyUpload {
                     .read_item_for(
                         &mut snap,
                         &self.caller,
-                        &self.item_id,
-                        self.link.as_deref(),
-                        true,
+                        ItemWant::write(&self.item_id, self.link.as_deref()),
                         &[],
                         &[],
                     )

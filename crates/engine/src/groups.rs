@@ -263,7 +263,9 @@ impl Engine {
             if own.rows[1].is_none() {
                 return Err(EngineError::NotFound(format!("no such principal {member}")));
             }
-            let above = self.groups_of(&mut snap, &Principal::Group(id.to_string())).await?;
+            let above = self
+                .groups_of(&mut snap, &Principal::Group(id.to_string()))
+                .await?;
             let mine = self.groups_of(&mut snap, member).await?;
             if above.truncated || mine.truncated {
                 return Err(EngineError::Conflict(format!(
@@ -313,8 +315,11 @@ impl Engine {
             }
             drop(snap);
             let m = member.to_string();
-            b.put(member_key(id, &m), schema::MARK.to_vec(), 1)
-                .put(membership_key(&m, id), schema::MARK.to_vec(), 1);
+            b.put(member_key(id, &m), schema::MARK.to_vec(), 1).put(
+                membership_key(&m, id),
+                schema::MARK.to_vec(),
+                1,
+            );
             self.store().write(b).await?;
             Ok(())
         })

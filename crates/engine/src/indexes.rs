@@ -234,9 +234,13 @@ pub(crate) struct Defs {
     pub defs: Arc<Vec<IndexDef>>,
 }
 
+/// Declarations decoded by one thread: the engine's id, the version, the
+/// definitions.
+type Decoded = Option<(u64, u64, Arc<Vec<IndexDef>>)>;
+
 thread_local! {
-    /// The last declarations this thread decoded: (engine, version, defs).
-    static DECODED: RefCell<Option<(u64, u64, Arc<Vec<IndexDef>>)>> = const { RefCell::new(None) };
+    /// The last declarations this thread decoded.
+    static DECODED: RefCell<Decoded> = const { RefCell::new(None) };
 }
 
 impl Defs {
@@ -253,11 +257,7 @@ impl Defs {
     /// The rows an item written now must hold: every live index's.
     pub(crate) fn rows_now(&self, item: &Item, split: u32) -> BTreeSet<Key> {
         let mut out = BTreeSet::new();
-        for d in self
-            .defs
-            .iter()
-            .filter(|d| d.state != IndexState::Dropping)
-        {
+        for d in self.defs.iter().filter(|d| d.state != IndexState::Dropping) {
             out.extend(d.rows(item, split));
         }
         out
@@ -343,15 +343,14 @@ impl Engine {
     async fn write_defs(&self, from: u64, changes: Batch) -> Result<u64> {
         let mut b = changes;
         let key = schema::defs_version_key();
-        b.put(key.clone(), schema::MARK.to_vec(), from + 1)
-            .guard(
-                key,
-                if from == 0 {
-                    Expect::Absent
-                } else {
-                    Expect::Version(from)
-                },
-            );
+        b.put(key.clone(), schema::MARK.to_vec(), from + 1).guard(
+            key,
+            if from == 0 {
+                Expect::Absent
+            } else {
+                Expect::Version(from)
+            },
+        );
         self.store().write(b).await?;
         Ok(from + 1)
     }
@@ -641,7 +640,10 @@ impl Engine {
         self.retrying(|| self.store_write(pending.clone())).await?;
         self.retrying(|| async {
             let defs = self.read_defs().await?;
-            if defs.get(name).is_none_or(|d| d.state != IndexState::Dropping) {
+            if defs
+                .get(name)
+                .is_none_or(|d| d.state != IndexState::Dropping)
+            {
                 return Ok(());
             }
             let mut b = Batch::new();

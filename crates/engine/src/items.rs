@@ -16,7 +16,38 @@ use crate::error::{EngineError, Result};
 use crate::indexes::Defs;
 use crate::model::{check_name, normalise_acl};
 use crate::schema::{self, ItemRow, ITEMS};
-use crate::{b64, merge_patch, random_bytes, Caller, Engine, Grant, Item, ItemView, Principal, Role};
+use crate::{
+    b64, merge_patch, random_bytes, Caller, Engine, Grant, Item, ItemView, Principal, Role,
+};
+
+/// What an operation reads of an item.
+#[derive(Clone, Copy)]
+pub(crate) struct ItemWant<'a> {
+    /// The item.
+    pub id: &'a str,
+    /// A link key presented with the request.
+    pub link: Option<&'a str>,
+    /// Whether the operation writes, so needs the index declarations.
+    pub defs: bool,
+}
+
+impl<'a> ItemWant<'a> {
+    pub(crate) fn read(id: &'a str, link: Option<&'a str>) -> ItemWant<'a> {
+        ItemWant {
+            id,
+            link,
+            defs: false,
+        }
+    }
+
+    pub(crate) fn write(id: &'a str, link: Option<&'a str>) -> ItemWant<'a> {
+        ItemWant {
+            id,
+            link,
+            defs: true,
+        }
+    }
+}
 
 /// Most grants in one ACL.
 const MAX_GRANTS: usize = 256;
@@ -86,18 +117,20 @@ impl Engine {
     }
 
     /// Reads the caller, an item (and link), and the declarations together
-    /// in `snap`, plus `gets` of the operation's own (answered after the
-    /// first two or three rows).
+    /// in `snap`, plus `gets` and `scans` of the operation's own.
     pub(crate) async fn read_item_for(
         &self,
         snap: &mut Box<dyn Snapshot>,
         caller: &Caller,
-        id: &str,
-        link: Option<&str>,
-        with_defs: bool,
+        want: ItemWant<'_>,
         gets: &[Key],
         scans: &[Scan],
     ) -> Result<(Actor, Access, Option<Defs>, ReadResult)> {
+        let ItemWant {
+            id,
+            link,
+            defs: with_defs,
+        } = want;
         if !plausible_id(id) {
             // Still check the caller, so a bad token answers 401 as
             // everywhere, then answer as for any item one cannot read.
@@ -146,7 +179,13 @@ impl Engine {
     /// Adds to `b` the write of `after` in place of the item read as
     /// `before` (`None`: deleted), with its kind entry and the difference of
     /// its index rows, guarded on the item row's revision.
-    pub(crate) fn update_item(&self, b: &mut Batch, defs: &Defs, before: &Access, after: Option<&Item>) {
+    pub(crate) fn update_item(
+        &self,
+        b: &mut Batch,
+        defs: &Defs,
+        before: &Access,
+        after: Option<&Item>,
+    ) {
         let key = schema::item_key(&before.item.id);
         b.guard(key.clone(), Expect::Version(before.rev));
         defs.apply_diff(b, Some((&before.item, before.stamp)), after, self.split());
@@ -280,7 +319,7 @@ impl Engine {
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (_, a, _, _) = self
-                .read_item_for(&mut snap, caller, id, link, false, &[], &[])
+                .read_item_for(&mut snap, caller, ItemWant::read(id, link), &[], &[])
                 .await?;
             Ok(ItemView {
                 item: a.item,
@@ -308,7 +347,7 @@ impl Engine {
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (_, a, defs, _) = self
-                .read_item_for(&mut snap, caller, id, link, true, &[], &[])
+                .read_item_for(&mut snap, caller, ItemWant::write(id, link), &[], &[])
                 .await?;
             drop(snap);
             let defs = defs.expect("asked for");
@@ -356,7 +395,13 @@ impl Engine {
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (actor, a, defs, own) = self
-                .read_item_for(&mut snap, caller, id, None, true, &grant_keys, &[])
+                .read_item_for(
+                    &mut snap,
+                    caller,
+                    ItemWant::write(id, None),
+                    &grant_keys,
+                    &[],
+                )
                 .await?;
             drop(snap);
             let defs = defs.expect("asked for");
@@ -388,12 +433,20 @@ impl Engine {
         id: &str,
         if_match: Option<u64>,
     ) -> Result<()> {
-        let links = Scan::partition(ITEMS, id.as_bytes().to_vec(), MAX_LINKS + 1)
-            .bounds(Bound::Included(b"l".to_vec()), Bound::Excluded(b"m".to_vec()));
+        let links = Scan::partition(ITEMS, id.as_bytes().to_vec(), MAX_LINKS + 1).bounds(
+            Bound::Included(b"l".to_vec()),
+            Bound::Excluded(b"m".to_vec()),
+        );
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (_, a, defs, own) = self
-                .read_item_for(&mut snap, caller, id, None, true, &[], &[links.clone()])
+                .read_item_for(
+                    &mut snap,
+                    caller,
+                    ItemWant::write(id, None),
+                    &[],
+                    std::slice::from_ref(&links),
+                )
                 .await?;
             drop(snap);
             let defs = defs.expect("asked for");
@@ -422,12 +475,20 @@ impl Engine {
             ));
         }
         let key = b64(&random_bytes::<24>());
-        let links = Scan::partition(ITEMS, id.as_bytes().to_vec(), MAX_LINKS + 1)
-            .bounds(Bound::Included(b"l".to_vec()), Bound::Excluded(b"m".to_vec()));
+        let links = Scan::partition(ITEMS, id.as_bytes().to_vec(), MAX_LINKS + 1).bounds(
+            Bound::Included(b"l".to_vec()),
+            Bound::Excluded(b"m".to_vec()),
+        );
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (_, a, _, own) = self
-                .read_item_for(&mut snap, caller, id, None, false, &[], &[links.clone()])
+                .read_item_for(
+                    &mut snap,
+                    caller,
+                    ItemWant::read(id, None),
+                    &[],
+                    std::slice::from_ref(&links),
+                )
                 .await?;
             drop(snap);
             self.require_role(&a, Role::Manager, "making links")?;
@@ -455,7 +516,13 @@ impl Engine {
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (_, a, _, own) = self
-                .read_item_for(&mut snap, caller, id, None, false, &[k.clone()], &[])
+                .read_item_for(
+                    &mut snap,
+                    caller,
+                    ItemWant::read(id, None),
+                    std::slice::from_ref(&k),
+                    &[],
+                )
                 .await?;
             drop(snap);
             self.require_role(&a, Role::Manager, "removing links")?;

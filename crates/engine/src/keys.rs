@@ -248,7 +248,10 @@ mod tests {
         let long_a = "é".repeat(200) + "a";
         let long_b = "é".repeat(200) + "b";
         let e = |s: &str| encoded(Some(&json!(s)), Order::Asc);
-        assert!(e(&long_a).len() < MAX_SORT_BYTES + 8, "a sort key is bounded");
+        assert!(
+            e(&long_a).len() < MAX_SORT_BYTES + 8,
+            "a sort key is bounded"
+        );
         assert_eq!(e(&long_a), e(&long_b), "past the prefix, values tie");
         assert!(e("a") < e(&long_a));
         let w = |s: &str| {

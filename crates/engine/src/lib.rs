@@ -235,7 +235,9 @@ impl Engine {
         use tarn_store::SnapshotExt;
         let key = schema::layout_key();
         let want = self.split();
-        let row = self.retrying(|| async { Ok(self.snapshot().await?.get(&key).await?) }).await?;
+        let row = self
+            .retrying(|| async { Ok(self.snapshot().await?.get(&key).await?) })
+            .await?;
         match row {
             Some(r) => {
                 let have: u32 = schema::decode("layout", &r)?;

@@ -254,8 +254,8 @@ impl Merge {
 
     fn scan_of(&self, s: &Source) -> Scan {
         let from = s.last.clone().or_else(|| self.after.clone());
-        let scan = Scan::partition(self.table, s.partition.clone(), s.next_read)
-            .direction(self.direction);
+        let scan =
+            Scan::partition(self.table, s.partition.clone(), s.next_read).direction(self.direction);
         match (from, self.direction) {
             (None, _) => scan,
             (Some(k), Direction::Forward) => scan.bounds(Bound::Excluded(k), Bound::Unbounded),
@@ -599,7 +599,6 @@ impl Engine {
         }
         Ok(Page { items, next })
     }
-
 }
 
 #[cfg(test)]

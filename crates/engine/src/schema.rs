@@ -107,11 +107,7 @@ pub(crate) fn kind_partition(kind: &str, bucket: u8) -> Vec<u8> {
 }
 
 pub(crate) fn kind_key(kind: &str, id: &str) -> Key {
-    Key::new(
-        KINDS,
-        kind_partition(kind, kind_bucket(id)),
-        id.as_bytes(),
-    )
+    Key::new(KINDS, kind_partition(kind, kind_bucket(id)), id.as_bytes())
 }
 
 pub(crate) fn stamp_key(kind: &str, bucket: u8) -> Key {
@@ -123,7 +119,11 @@ pub(crate) fn chunk_key(blob: &str, n: u64) -> Key {
 }
 
 pub(crate) fn defs_version_key() -> Key {
-    Key::new(INDEX_DEFS, DEFS_PARTITION.to_vec(), DEFS_VERSION_ROW.to_vec())
+    Key::new(
+        INDEX_DEFS,
+        DEFS_PARTITION.to_vec(),
+        DEFS_VERSION_ROW.to_vec(),
+    )
 }
 
 pub(crate) fn def_key(name: &str) -> Key {

@@ -64,14 +64,14 @@ impl From<EngineError> for ApiError {
             EngineError::NoIndex { .. } => (S::BAD_REQUEST, "no-index"),
             EngineError::IndexBuilding(_) => (S::SERVICE_UNAVAILABLE, "index-building"),
             EngineError::TooLarge(_) => (S::PAYLOAD_TOO_LARGE, "too-large"),
-            EngineError::RateLimited(_) => (S::TOO_MANY_REQUESTS, "rate-limited"),
+            EngineError::RateLimited { .. } => (S::TOO_MANY_REQUESTS, "rate-limited"),
             EngineError::Unavailable(_) => (S::SERVICE_UNAVAILABLE, "unavailable"),
             _ => (S::INTERNAL_SERVER_ERROR, "internal"),
         };
         let internal = status == S::INTERNAL_SERVER_ERROR;
-        let retry_after = match slug {
-            "rate-limited" => Some(60),
-            "unavailable" | "index-building" => Some(1),
+        let retry_after = match (&e, slug) {
+            (EngineError::RateLimited { retry_after, .. }, _) => Some(*retry_after),
+            (_, "unavailable" | "index-building") => Some(1),
             _ => None,
         };
         let detail = if internal {

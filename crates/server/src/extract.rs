@@ -1,10 +1,11 @@
 //! Extractors: who is calling, link keys, `If-Match`, JSON bodies.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request};
 use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, IF_MATCH};
 use axum::http::request::Parts;
+use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 use tarn_engine::Caller;
 
@@ -12,21 +13,20 @@ use crate::error::{ApiError, ApiResult};
 use crate::AppState;
 
 /// The caller, from `Authorization: Bearer <token>`; anonymous without one.
+/// Only parsed here: the engine checks the token inside the operation, in
+/// the same snapshot as the rest of the request.
 pub struct Auth {
-    /// Who is calling.
+    /// Who is calling, as presented.
     pub caller: Caller,
-    /// The session token, if one was given.
-    pub token: Option<String>,
 }
 
-impl FromRequestParts<AppState> for Auth {
+impl<S: Send + Sync> FromRequestParts<S> for Auth {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> ApiResult<Auth> {
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<Auth> {
         let Some(value) = parts.headers.get(AUTHORIZATION) else {
             return Ok(Auth {
                 caller: Caller::Anonymous,
-                token: None,
             });
         };
         let token = value
@@ -42,10 +42,8 @@ impl FromRequestParts<AppState> for Auth {
                     "use Authorization: Bearer <token>",
                 )
             })?;
-        let caller = state.engine.authenticate(token).await?;
         Ok(Auth {
-            caller,
-            token: Some(token.to_string()),
+            caller: Caller::Token(token.to_string()),
         })
     }
 }
@@ -106,18 +104,104 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
     }
 }
 
-/// The client's address, when the server knows it.
+/// A network (`10.0.0.0/8`, `::1/128`, or one address) whose peers are
+/// trusted to report the client's address in `X-Forwarded-For`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Cidr, String> {
+        let (addr, prefix) = match s.trim().split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s.trim(), None),
+        };
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{s:?} is not an address or network"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{s:?}: the prefix is 0 to {max}"))?,
+            None => max,
+        };
+        Ok(Cidr { addr, prefix })
+    }
+}
+
+impl Cidr {
+    /// Whether `ip` lies in the network.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match (self.addr, ip) {
+            (IpAddr::V6(_), IpAddr::V4(v4)) => IpAddr::V6(v4.to_ipv6_mapped()),
+            (IpAddr::V4(_), IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => return false,
+            },
+            _ => ip,
+        };
+        let (a, b) = match (self.addr, ip) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => (
+                u128::from(u32::from(a)) << 96,
+                u128::from(u32::from(b)) << 96,
+            ),
+            (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b)),
+            _ => return false,
+        };
+        let mask = match self.prefix {
+            0 => 0,
+            bits => u128::MAX << (128 - u32::from(bits)),
+        };
+        a & mask == b & mask
+    }
+}
+
+/// The client's address: the TCP peer, or, when the peer is a trusted
+/// proxy, the rightmost `X-Forwarded-For` address that is not one.
 pub struct ClientAddr(pub Option<String>);
 
-impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
+/// The client address of a request from `peer` with these headers.
+pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[Cidr]) -> IpAddr {
+    let is_trusted = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
+    if !is_trusted(peer) {
+        return peer;
+    }
+    let mut hops: Vec<IpAddr> = Vec::new();
+    for v in headers.get_all("x-forwarded-for") {
+        let Ok(v) = v.to_str() else { return peer };
+        for part in v.split(',') {
+            match part.trim().parse::<IpAddr>() {
+                Ok(ip) => hops.push(ip),
+                // A list we cannot read tells nothing we can trust.
+                Err(_) => return peer,
+            }
+        }
+    }
+    let mut client = peer;
+    for ip in hops.into_iter().rev() {
+        client = ip;
+        if !is_trusted(ip) {
+            break;
+        }
+    }
+    client
+}
+
+impl FromRequestParts<AppState> for ClientAddr {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<ClientAddr> {
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> ApiResult<ClientAddr> {
         Ok(ClientAddr(
-            parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0.ip().to_string()),
+            parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| {
+                client_addr(c.0.ip(), &parts.headers, &s.config.trusted_proxies).to_string()
+            }),
         ))
     }
 }
@@ -172,5 +256,51 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
         serde_json::from_slice(&bytes)
             .map(JsonBody)
             .map_err(|e| ApiError::invalid(format!("malformed JSON: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn networks() {
+        let n: Cidr = "10.0.0.0/8".parse().unwrap();
+        assert!(n.contains(ip("10.1.2.3")));
+        assert!(!n.contains(ip("11.0.0.1")));
+        assert!(n.contains(ip("::ffff:10.0.0.1")));
+        let one: Cidr = "127.0.0.1".parse().unwrap();
+        assert!(one.contains(ip("127.0.0.1")) && !one.contains(ip("127.0.0.2")));
+        let v6: Cidr = "fd00::/8".parse().unwrap();
+        assert!(v6.contains(ip("fd12::1")) && !v6.contains(ip("fe80::1")));
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains(ip("8.8.8.8")));
+        for bad in ["10.0.0.0/33", "x", "10.0.0.0/", "::/129"] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn forwarded_for_is_believed_only_from_trusted_proxies() {
+        let trusted: Vec<Cidr> = vec!["127.0.0.1".parse().unwrap(), "10.0.0.0/8".parse().unwrap()];
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "1.2.3.4, 10.0.0.7".parse().unwrap());
+        // Through two trusted proxies: the rightmost untrusted address.
+        assert_eq!(client_addr(ip("127.0.0.1"), &h, &trusted), ip("1.2.3.4"));
+        // A client cannot spoof it by talking to the server directly.
+        assert_eq!(client_addr(ip("5.6.7.8"), &h, &trusted), ip("5.6.7.8"));
+        // A client prepending a fake address is still seen as itself.
+        h.insert("x-forwarded-for", "9.9.9.9, 1.2.3.4".parse().unwrap());
+        assert_eq!(client_addr(ip("127.0.0.1"), &h, &trusted), ip("1.2.3.4"));
+        // Garbage in the header: the peer.
+        h.insert("x-forwarded-for", "nonsense".parse().unwrap());
+        assert_eq!(client_addr(ip("127.0.0.1"), &h, &trusted), ip("127.0.0.1"));
+        // No proxies trusted (the default): always the peer.
+        h.insert("x-forwarded-for", "1.2.3.4".parse().unwrap());
+        assert_eq!(client_addr(ip("127.0.0.1"), &h, &[]), ip("127.0.0.1"));
     }
 }

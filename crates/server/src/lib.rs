@@ -38,6 +38,8 @@ pub struct ServerConfig {
     pub signup_open: bool,
     /// Largest JSON request body, in bytes.
     pub max_json: usize,
+    /// Proxies whose `X-Forwarded-For` names the client (none by default).
+    pub trusted_proxies: Vec<extract::Cidr>,
 }
 
 impl Default for ServerConfig {
@@ -45,6 +47,7 @@ impl Default for ServerConfig {
         ServerConfig {
             signup_open: true,
             max_json: 1024 * 1024,
+            trusted_proxies: Vec::new(),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tarn_store::{Batch, Key, Row, Scan, Store, StoreResult};
+use tarn_store::{Batch, Consistency, Key, ReadResult, Scan, Snapshot, Store, StoreResult};
 
 /// Upper bounds of latency buckets, in seconds.
 const BUCKETS: [f64; 14] = [
@@ -60,7 +60,7 @@ struct RouteSeries {
     latency: [Histogram; STATUS_CLASSES],
 }
 
-const STORE_OPS: [&str; 5] = ["get", "get_many", "scan", "scan_many", "write"];
+const STORE_OPS: [&str; 3] = ["snapshot", "read", "write"];
 
 /// All the server's metrics.
 pub struct Metrics {
@@ -111,8 +111,9 @@ impl Metrics {
         r.latency[s / 100].observe(latency);
     }
 
-    /// The Prometheus text exposition.
-    pub fn render(&self, retries: u64) -> String {
+    /// The Prometheus text exposition, with the engine's retries and the
+    /// store backend's own counters.
+    pub fn render(&self, retries: u64, store: &[(&'static str, u64)]) -> String {
         let mut out = String::with_capacity(16 * 1024);
         out.push_str("# HELP tarn_http_requests_total Requests answered, by route and status.\n");
         out.push_str("# TYPE tarn_http_requests_total counter\n");
@@ -177,6 +178,18 @@ impl Metrics {
         );
         out.push_str("# TYPE tarn_engine_retries_total counter\n");
         let _ = writeln!(out, "tarn_engine_retries_total {retries}");
+        for (name, value) in store {
+            let _ = writeln!(
+                out,
+                "# TYPE tarn_store_{name} {}",
+                if name.ends_with("_total") {
+                    "counter"
+                } else {
+                    "gauge"
+                }
+            );
+            let _ = writeln!(out, "tarn_store_{name} {value}");
+        }
         out
     }
 
@@ -212,34 +225,44 @@ impl MeteredStore {
 
 #[async_trait::async_trait]
 impl Store for MeteredStore {
-    async fn get(&self, key: Key) -> StoreResult<Option<Row>> {
+    async fn snapshot(&self) -> StoreResult<Box<dyn Snapshot>> {
         let t = Instant::now();
-        let r = self.inner.get(key).await;
+        let r = self.inner.snapshot().await;
         self.metrics.store_call(0, t, &r);
-        r
-    }
-    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Row>>> {
-        let t = Instant::now();
-        let r = self.inner.get_many(keys).await;
-        self.metrics.store_call(1, t, &r);
-        r
-    }
-    async fn scan(&self, scan: Scan) -> StoreResult<Vec<Row>> {
-        let t = Instant::now();
-        let r = self.inner.scan(scan).await;
-        self.metrics.store_call(2, t, &r);
-        r
-    }
-    async fn scan_many(&self, scans: Vec<Scan>) -> StoreResult<Vec<Vec<Row>>> {
-        let t = Instant::now();
-        let r = self.inner.scan_many(scans).await;
-        self.metrics.store_call(3, t, &r);
-        r
+        Ok(Box::new(MeteredSnapshot {
+            inner: r?,
+            metrics: self.metrics.clone(),
+        }))
     }
     async fn write(&self, batch: Batch) -> StoreResult<()> {
         let t = Instant::now();
         let r = self.inner.write(batch).await;
-        self.metrics.store_call(4, t, &r);
+        self.metrics.store_call(2, t, &r);
+        r
+    }
+    fn consistency(&self) -> Consistency {
+        self.inner.consistency()
+    }
+    fn partition_split(&self) -> u32 {
+        self.inner.partition_split()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.inner.counters()
+    }
+}
+
+/// A snapshot that times every read into the metrics.
+struct MeteredSnapshot {
+    inner: Box<dyn Snapshot>,
+    metrics: Arc<Metrics>,
+}
+
+#[async_trait::async_trait]
+impl Snapshot for MeteredSnapshot {
+    async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult> {
+        let t = Instant::now();
+        let r = self.inner.read(gets, scans).await;
+        self.metrics.store_call(1, t, &r);
         r
     }
 }

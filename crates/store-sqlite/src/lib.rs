@@ -187,7 +187,8 @@ impl SqliteStore {
         let (put, take) = crossbeam_channel::bounded(readers);
         for _ in 0..readers {
             let conn = open_reader(&db, &options).map_err(map_err)?;
-            put.send(conn).expect("the pool has room for every connection");
+            put.send(conn)
+                .expect("the pool has room for every connection");
         }
         let pool = Arc::new(ReadPool {
             free: Arc::new(Semaphore::new(readers)),
@@ -314,11 +315,10 @@ fn checkpoint_loop(conn: Connection, stop: Receiver<()>, pages: u32) {
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
             _ => return,
         }
-        let wal: rusqlite::Result<(i64, i64, i64)> = conn.query_row(
-            "PRAGMA wal_checkpoint(PASSIVE)",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        );
+        let wal: rusqlite::Result<(i64, i64, i64)> =
+            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            });
         if let Ok((_, log, done)) = wal {
             // Mostly copied but the WAL keeps growing (readers pin old
             // pages): try a restart now and then so it can be reused.

@@ -106,7 +106,11 @@ pub async fn clustering_byte_order(s: Arc<dyn Store>) {
         want,
         "forward scan must be in byte order"
     );
-    let rev = scan(&*s, Scan::partition(T1, b"p".to_vec(), 100).direction(Direction::Reverse)).await;
+    let rev = scan(
+        &*s,
+        Scan::partition(T1, b"p".to_vec(), 100).direction(Direction::Reverse),
+    )
+    .await;
     want.reverse();
     assert_eq!(
         clusterings(&rev),
@@ -302,10 +306,7 @@ pub async fn ops_in_order(s: Arc<dyn Store>) {
         .put(key(T1, b"p", b"c"), b"4".to_vec(), 5);
     s.write(b).await.unwrap();
     assert!(get(&*s, key(T1, b"p", b"a")).await.is_none());
-    assert_eq!(
-        get(&*s, key(T1, b"p", b"b")).await.unwrap().version,
-        2
-    );
+    assert_eq!(get(&*s, key(T1, b"p", b"b")).await.unwrap().version, 2);
     let c = get(&*s, key(T1, b"p", b"c")).await.unwrap();
     assert_eq!((c.value.as_slice(), c.version), (&b"4"[..], 5));
 }
@@ -446,7 +447,8 @@ pub async fn many_partitions(s: Arc<dyn Store>) {
         assert_eq!(rows.len(), 3, "partition {i}");
         assert!(rows.iter().all(|r| r.value == i.to_be_bytes()));
     }
-    assert!(scan(&*s, Scan::partition(T1, b"part".to_vec(), 10)).await
+    assert!(scan(&*s, Scan::partition(T1, b"part".to_vec(), 10))
+        .await
         .is_empty());
 }
 
@@ -492,7 +494,11 @@ pub async fn snapshots_see_one_state(s: Arc<dyn Store>) {
     put(&*s, T1, b"snap", b"b", b"1", 1).await;
     let mut old = s.snapshot().await.unwrap();
     assert_eq!(
-        old.get(&key(T1, b"snap", b"a")).await.unwrap().unwrap().value,
+        old.get(&key(T1, b"snap", b"a"))
+            .await
+            .unwrap()
+            .unwrap()
+            .value,
         b"1"
     );
     // Both rows change in one batch, and a third appears.
@@ -515,7 +521,10 @@ pub async fn snapshots_see_one_state(s: Arc<dyn Store>) {
     match s.consistency() {
         Consistency::Snapshot => {
             assert_eq!(b_row.value, b"1", "a snapshot reads one state");
-            assert_eq!(clusterings(&later.scans[0]), vec![b"a".to_vec(), b"b".to_vec()]);
+            assert_eq!(
+                clusterings(&later.scans[0]),
+                vec![b"a".to_vec(), b"b".to_vec()]
+            );
         }
         Consistency::PerRead => {
             // Each read sees every write acknowledged before it started,
@@ -562,12 +571,18 @@ pub async fn read_bounds_refused(s: Arc<dyn Store>) {
     let keys: Vec<Key> = (0..=crate::MAX_READ_KEYS as u32)
         .map(|i| key(T1, b"p", &i.to_be_bytes()))
         .collect();
-    assert!(matches!(snap.read(&keys, &[]).await, Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        snap.read(&keys, &[]).await,
+        Err(StoreError::Invalid(_))
+    ));
     let scans = vec![
         Scan::partition(T1, b"p".to_vec(), crate::MAX_READ_ROWS),
         Scan::partition(T1, b"q".to_vec(), 1),
     ];
-    assert!(matches!(snap.read(&[], &scans).await, Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        snap.read(&[], &scans).await,
+        Err(StoreError::Invalid(_))
+    ));
     assert!(matches!(
         snap.read(&[key(T1, b"", b"x")], &[]).await,
         Err(StoreError::Invalid(_))
@@ -607,4 +622,46 @@ pub async fn oversized_input_refused(s: Arc<dyn Store>) {
         assert!(matches!(s.write(b).await, Err(StoreError::Invalid(_))));
     }
     assert!(get(&*s, key(T1, b"ok", b"a")).await.is_none());
+}
+
+/// A memory store that lets the first write touching a table through and
+/// holds back every later one until the process ends: for tests that need
+/// background work to stay unfinished (an index that stays `building`).
+pub struct HoldWrites {
+    inner: crate::memory::MemoryStore,
+    table: &'static str,
+    passed: std::sync::atomic::AtomicBool,
+}
+
+impl HoldWrites {
+    /// Holds every write touching `table` after the first.
+    pub fn after_first(table: &'static str) -> HoldWrites {
+        HoldWrites {
+            inner: crate::memory::MemoryStore::new(),
+            table,
+            passed: Default::default(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for HoldWrites {
+    async fn snapshot(&self) -> crate::StoreResult<Box<dyn crate::Snapshot>> {
+        self.inner.snapshot().await
+    }
+
+    async fn write(&self, batch: Batch) -> crate::StoreResult<()> {
+        let touches = batch
+            .ops
+            .iter()
+            .any(|op| op.key().table.name() == self.table);
+        if touches && self.passed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.inner.write(batch).await
+    }
+
+    fn consistency(&self) -> Consistency {
+        self.inner.consistency()
+    }
 }

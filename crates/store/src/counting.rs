@@ -4,9 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::{
-    Batch, Consistency, Key, ReadResult, Scan, Snapshot, Store, StoreResult,
-};
+use crate::{Batch, Consistency, Key, ReadResult, Scan, Snapshot, Store, StoreResult};
 
 /// Counts of reads through a [`CountingStore`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

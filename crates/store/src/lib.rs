@@ -502,9 +502,7 @@ pub fn check_read(gets: &[Key], scans: &[Scan]) -> StoreResult<()> {
             gets.len()
         )));
     }
-    let rows = scans
-        .iter()
-        .fold(0usize, |n, s| n.saturating_add(s.limit));
+    let rows = scans.iter().fold(0usize, |n, s| n.saturating_add(s.limit));
     if rows > MAX_READ_ROWS {
         return Err(StoreError::Invalid(format!(
             "scans asking for {rows} rows in one call; at most {MAX_READ_ROWS}"

@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 use tarn_engine::{Caller, Engine, EngineConfig, IndexState, NewUser, Order, SortField};
+use tarn_server::extract::Cidr;
 use tarn_server::{AppState, ServerConfig};
 use tarn_store::Store;
 use tarn_store_sqlite::SqliteStore;
@@ -105,7 +106,7 @@ struct ServeArgs {
     signup: Option<Signup>,
     /// A TOML file with any of: listen, data, store, signup, grace_seconds,
     /// max_json_bytes, session_ttl_hours, max_properties_bytes,
-    /// max_body_bytes. Flags and environment win over it.
+    /// max_body_bytes, trusted_proxies. Flags and environment win over it.
     #[arg(long, env = "TARN_CONFIG")]
     config: Option<PathBuf>,
     /// Seconds requests in flight get to finish after SIGTERM or SIGINT [default: 10].
@@ -123,6 +124,11 @@ struct ServeArgs {
     /// Largest item body, in bytes [default: 1073741824].
     #[arg(long, env = "TARN_MAX_BODY_BYTES")]
     max_body_bytes: Option<u64>,
+    /// Proxies (addresses or networks, comma-separated) whose
+    /// X-Forwarded-For names the client: its rightmost address that is not
+    /// one of them [default: none, the TCP peer is the client].
+    #[arg(long, env = "TARN_TRUSTED_PROXIES", value_delimiter = ',')]
+    trusted_proxies: Option<Vec<Cidr>>,
 }
 
 /// The settings a config file may hold.
@@ -138,6 +144,7 @@ struct FileConfig {
     session_ttl_hours: Option<u64>,
     max_properties_bytes: Option<usize>,
     max_body_bytes: Option<u64>,
+    trusted_proxies: Option<Vec<String>>,
 }
 
 #[derive(Args)]
@@ -247,7 +254,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let store_url = args.store.or(file.store);
     let signup = args.signup.or(file.signup).unwrap_or(Signup::Open);
     let grace = Duration::from_secs(args.grace_seconds.or(file.grace_seconds).unwrap_or(10));
+    let trusted_proxies = match args.trusted_proxies {
+        Some(t) => t,
+        None => file
+            .trusted_proxies
+            .unwrap_or_default()
+            .iter()
+            .map(|s| s.parse::<Cidr>().map_err(anyhow::Error::msg))
+            .collect::<anyhow::Result<_>>()
+            .context("trusted_proxies in the config file")?,
+    };
     let server_config = ServerConfig {
+        trusted_proxies,
         signup_open: signup == Signup::Open,
         max_json: args
             .max_json_bytes
@@ -282,7 +300,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .context("TARN_ADMIN_PASSWORD")?;
     }
-    state.engine.resume_index_work().await?;
+    state.engine.start().await?;
     let app = tarn_server::app(state);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -392,7 +410,7 @@ async fn admin(args: AdminArgs) -> anyhow::Result<()> {
             }
             if def.state == IndexState::Building {
                 loop {
-                    let def = engine.get_index(&name).await?;
+                    let def = engine.get_index(&admin, &name).await?;
                     if def.state == IndexState::Ready {
                         break;
                     }

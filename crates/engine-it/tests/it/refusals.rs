@@ -267,7 +267,9 @@ async fn index_still_building_is_refused() {
     // A store that holds back every write to the index declarations after
     // the first (the declaration itself), so the build never marks the
     // index ready.
-    let store = Arc::new(common::HeldDefs::new());
+    let store = Arc::new(tarn_store::conformance::HoldWrites::after_first(
+        "index_defs",
+    ));
     let e = Engine::new(store.clone(), common::config());
     let (alice, _) = alice_bob(&e).await;
     let sort = vec![SortField {

@@ -86,7 +86,11 @@ async fn sessions_expire() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    assert_eq!(store.len(), before + 2, "the expired session's rows are gone");
+    assert_eq!(
+        store.len(),
+        before + 2,
+        "the expired session's rows are gone"
+    );
 }
 
 #[tokio::test]
@@ -230,7 +234,11 @@ async fn bodies_stream_in_and_out_with_ranges() {
     let (view, reader) = e.open_body(&bob, &id, None).await.unwrap();
     assert_eq!(view.item.body.unwrap().content_type, "text/plain");
     assert_eq!(read_all(reader.unwrap()).await, b"small");
-    assert_eq!(store.len(), with_item + 11 + 1 + 1, "old chunks wait in the graveyard");
+    assert_eq!(
+        store.len(),
+        with_item + 11 + 1 + 1,
+        "old chunks wait in the graveyard"
+    );
     e.sweep_from(0).await.unwrap();
     assert_eq!(store.len(), with_item + 1);
     // Deleting the item removes everything it had, its body at the sweep.
@@ -253,7 +261,10 @@ async fn downloads_in_progress_survive_replace_and_delete() {
         .item
         .id;
     let data: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 253) as u8).collect();
-    let mut up = e.begin_body(&alice, &id, None, "application/octet-stream").await.unwrap();
+    let mut up = e
+        .begin_body(&alice, &id, None, "application/octet-stream")
+        .await
+        .unwrap();
     up.write(&data).await.unwrap();
     up.finish(None).await.unwrap();
     let (_, reader) = e.open_body(&alice, &id, None).await.unwrap();
@@ -379,7 +390,10 @@ async fn where_indexes_and_backfill() {
     // Dropping removes the index and its rows.
     e.drop_index(&admin(), "members-by-team").await.unwrap();
     assert_eq!(
-        e.get_index(&admin(), "members-by-team").await.unwrap().state,
+        e.get_index(&admin(), "members-by-team")
+            .await
+            .unwrap()
+            .state,
         IndexState::Dropping
     );
     for _ in 0..200 {

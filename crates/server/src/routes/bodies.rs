@@ -85,7 +85,7 @@ fn parse_range(headers: &HeaderMap, size: u64) -> Result<Option<BodyRange>, ()> 
             if last < start {
                 return Err(());
             }
-            (last + 1).min(size)
+            last.saturating_add(1).min(size)
         };
         BodyRange { start, end }
     };
@@ -155,6 +155,22 @@ pub async fn get(
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     h.insert(header::ETAG, etag);
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    // Stored bytes are never active content of this origin: no sniffing,
+    // no script, and anything a browser could run is downloaded.
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; sandbox"),
+    );
+    if !displays_inline(&meta.content_type) {
+        h.insert(
+            header::CONTENT_DISPOSITION,
+            HeaderValue::from_static("attachment"),
+        );
+    }
     if let Some(r) = range {
         h.insert(
             header::CONTENT_RANGE,
@@ -163,6 +179,28 @@ pub async fn get(
         );
     }
     Ok(res)
+}
+
+/// Whether a browser may show a body of this type in place: passive media
+/// and plain text. HTML, SVG, XML, scripts and anything unknown are served
+/// as attachments.
+fn displays_inline(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    matches!(
+        essence.as_str(),
+        "text/plain"
+            | "image/png"
+            | "image/jpeg"
+            | "image/gif"
+            | "image/webp"
+            | "image/avif"
+            | "application/pdf"
+    ) || (essence.starts_with("audio/") || essence.starts_with("video/"))
 }
 
 #[cfg(test)]
@@ -188,5 +226,32 @@ mod tests {
         assert_eq!(range("bytes=5-2", 10), Err(()));
         assert_eq!(range("bytes=x-2", 10), Err(()));
         assert_eq!(range("bytes=-0", 10), Err(()));
+        // Regression: a last byte of u64::MAX overflowed.
+        assert_eq!(range("bytes=0-18446744073709551615", 11), Ok(Some((0, 11))));
+        assert_eq!(range("bytes=18446744073709551615-", 11), Err(()));
+        assert_eq!(range("bytes=-18446744073709551615", 11), Ok(Some((0, 11))));
+    }
+
+    #[test]
+    fn only_passive_types_display_inline() {
+        for t in [
+            "text/plain; charset=utf-8",
+            "image/png",
+            "video/mp4",
+            "IMAGE/JPEG",
+        ] {
+            assert!(displays_inline(t), "{t}");
+        }
+        for t in [
+            "text/html",
+            "image/svg+xml",
+            "application/xml",
+            "text/xml",
+            "application/javascript",
+            "application/x-unknown",
+            "",
+        ] {
+            assert!(!displays_inline(t), "{t}");
+        }
     }
 }

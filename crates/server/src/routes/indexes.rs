@@ -45,13 +45,13 @@ pub async fn get(
     auth: Auth,
     Path(name): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    auth.caller.username().ok_or_else(unauthenticated)?;
-    Ok(Json(render::index(&s.engine.get_index(&name).await?)))
+    Ok(Json(render::index(
+        &s.engine.get_index(&auth.caller, &name).await?,
+    )))
 }
 
 pub async fn list(State(s): State<AppState>, auth: Auth) -> ApiResult<Json<Value>> {
-    auth.caller.username().ok_or_else(unauthenticated)?;
-    let defs = s.engine.list_indexes().await?;
+    let defs = s.engine.list_indexes(&auth.caller).await?;
     Ok(Json(
         json!({"indexes": defs.iter().map(render::index).collect::<Vec<_>>()}),
     ))
@@ -64,8 +64,4 @@ pub async fn delete(
 ) -> ApiResult<StatusCode> {
     s.engine.drop_index(&auth.caller, &name).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-fn unauthenticated() -> crate::error::ApiError {
-    crate::error::ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", "sign in first")
 }

@@ -14,7 +14,10 @@ pub async fn health() -> Json<Value> {
 }
 
 pub async fn metrics(State(s): State<AppState>) -> Response {
-    let mut res = s.metrics.render(s.engine.retries()).into_response();
+    let mut res = s
+        .metrics
+        .render(s.engine.retries(), &s.engine.store().counters())
+        .into_response();
     res.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tarn_engine::NewUser;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 use crate::extract::{Auth, ClientAddr, JsonBody};
 use crate::{render, AppState};
 
@@ -75,10 +75,7 @@ pub async fn sign_in(
 }
 
 pub async fn sign_out(State(s): State<AppState>, auth: Auth) -> ApiResult<StatusCode> {
-    let token = auth.token.ok_or_else(|| {
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", "sign in first")
-    })?;
-    s.engine.sign_out(&token).await?;
+    s.engine.sign_out(&auth.caller).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

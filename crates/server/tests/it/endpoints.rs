@@ -28,7 +28,8 @@ async fn health_and_metrics() {
         "{text}"
     );
     assert!(text.contains("tarn_http_request_duration_seconds_bucket"));
-    assert!(text.contains("tarn_store_operation_duration_seconds_count{op=\"get\"}"));
+    assert!(text.contains("tarn_store_operation_duration_seconds_count{op=\"snapshot\"}"));
+    assert!(text.contains("tarn_store_operation_duration_seconds_count{op=\"read\"}"));
     assert!(text.contains("tarn_engine_retries_total 0"));
     assert!(
         text.contains("tarn_http_requests_in_flight 1"),
@@ -203,7 +204,7 @@ async fn closed_signup_leaves_user_creation_to_admins() {
 async fn failed_sign_ins_are_rate_limited() {
     let app = TestApp::new().await;
     app.user("alice").await;
-    for _ in 0..tarn_engine::USER_FAILURES {
+    for _ in 0..tarn_engine::PAIR_FAILURES {
         app.call(
             Method::POST,
             "/api/v1/sessions",
@@ -964,18 +965,19 @@ async fn listings_indexes_and_cursors() {
 
 #[tokio::test]
 async fn index_building_answers_503() {
-    let store = std::sync::Arc::new(tarn_store::memory::MemoryStore::new());
+    // The build's last write (marking the index ready) is held back.
+    let store = std::sync::Arc::new(tarn_store::conformance::HoldWrites::after_first(
+        "index_defs",
+    ));
     let state = tarn_server::AppState::new(
         store,
-        tarn_engine::EngineConfig {
-            write_lease: std::time::Duration::from_secs(3600),
-            ..crate::support::engine_config()
-        },
+        crate::support::engine_config(),
         ServerConfig::default(),
     );
     let app = TestApp {
         router: tarn_server::app(state.clone()),
         state,
+        _dir: None,
     };
     let admin = app.admin().await;
     app.call(

@@ -16,6 +16,8 @@ use tower::ServiceExt;
 pub struct TestApp {
     pub router: Router,
     pub state: AppState,
+    /// The SQLite store's directory, kept for the test's lifetime.
+    pub _dir: Option<tempfile::TempDir>,
 }
 
 pub struct Reply {
@@ -61,25 +63,32 @@ impl Reply {
 pub fn engine_config() -> EngineConfig {
     EngineConfig {
         password_cost: PasswordCost::for_tests(),
-        write_lease: Duration::from_millis(10),
         clock: Clock::Stepping(Arc::new(AtomicI64::new(1_700_000_000_000_000))),
         ..EngineConfig::default()
     }
 }
 
-/// The store the suite runs on: memory, or PostgreSQL when
-/// TARN_TEST_STORE=postgres (`make test` runs the suite both ways).
-pub async fn store() -> Arc<dyn tarn_store::Store> {
+/// The store the suite runs on: memory, or SQLite or PostgreSQL with
+/// TARN_TEST_STORE=sqlite|postgres (`make test` runs the suite all three
+/// ways), with the SQLite store's directory.
+pub async fn store() -> (Arc<dyn tarn_store::Store>, Option<tempfile::TempDir>) {
     match std::env::var("TARN_TEST_STORE").as_deref() {
+        Ok("sqlite") => {
+            let dir = tempfile::tempdir().unwrap();
+            let store = tarn_store_sqlite::SqliteStore::open(dir.path()).unwrap();
+            (Arc::new(store), Some(dir))
+        }
         Ok("postgres") => {
             let base = std::env::var("TARN_TEST_POSTGRES")
                 .expect("TARN_TEST_POSTGRES (see scripts/with-postgres.sh)");
             let mut b = [0u8; 8];
             getrandom::fill(&mut b).unwrap();
             let url = format!("{base}?schema=s_{:016x}", u64::from_le_bytes(b));
-            Arc::new(tarn_store_postgres::PgStore::connect(&url).await.unwrap())
+            let store = tarn_store_postgres::PgStore::connect(&url).await.unwrap();
+            (Arc::new(store), None)
         }
-        _ => Arc::new(tarn_store::memory::MemoryStore::new()),
+        Ok("memory") | Err(_) => (Arc::new(tarn_store::memory::MemoryStore::new()), None),
+        Ok(other) => panic!("TARN_TEST_STORE={other}: use memory, sqlite or postgres"),
     }
 }
 
@@ -89,10 +98,12 @@ impl TestApp {
     }
 
     pub async fn with(config: ServerConfig) -> TestApp {
-        let state = AppState::new(store().await, engine_config(), config);
+        let (store, dir) = store().await;
+        let state = AppState::new(store, engine_config(), config);
         TestApp {
             router: tarn_server::app(state.clone()),
             state,
+            _dir: dir,
         }
     }
 

@@ -65,7 +65,11 @@ async fn a_full_write_queue_refuses_at_once() {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
             let mut b = tarn_store::Batch::new();
-            b.put(tarn_store::Key::new(t, b"p", i.to_be_bytes()), vec![1; 1000], 1);
+            b.put(
+                tarn_store::Key::new(t, b"p", i.to_be_bytes()),
+                vec![1; 1000],
+                1,
+            );
             s.write(b).await
         }));
     }
@@ -81,7 +85,10 @@ async fn a_full_write_queue_refuses_at_once() {
         }
     }
     assert!(ok > 0, "some writes land");
-    assert!(refused > 0, "a bound of 4 queued writes refuses some of 400 at once");
+    assert!(
+        refused > 0,
+        "a bound of 4 queued writes refuses some of 400 at once"
+    );
     let counters: std::collections::HashMap<_, _> = s.counters().into_iter().collect();
     assert_eq!(counters["sqlite_refused_writes_total"], refused);
     assert_eq!(counters["sqlite_commits_total"], ok);
