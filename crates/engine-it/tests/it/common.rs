@@ -30,6 +30,17 @@ pub fn sqlite() -> (Engine, tempfile::TempDir) {
     (engine(Arc::new(store)), dir)
 }
 
+/// A store on the test PostgreSQL (TARN_TEST_POSTGRES), in a fresh schema.
+pub async fn postgres_store() -> tarn_store_postgres::PgStore {
+    let base = std::env::var("TARN_TEST_POSTGRES").expect(
+        "TARN_TEST_POSTGRES is not set: run the tests through `make test` or scripts/with-postgres.sh",
+    );
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).unwrap();
+    let url = format!("{base}?schema=e_{:016x}", u64::from_le_bytes(b));
+    tarn_store_postgres::PgStore::connect(&url).await.unwrap()
+}
+
 /// An engine on the test PostgreSQL (TARN_TEST_POSTGRES), in a fresh schema.
 pub async fn postgres() -> Engine {
     let base = std::env::var("TARN_TEST_POSTGRES").expect(

@@ -134,3 +134,165 @@ async fn listing_cost_is_independent_of_pool_size() {
         bound(7, r4);
     }
 }
+
+/// Store calls (round trips) and snapshots per operation, pinned: a change
+/// that adds a dependent read to a hot path fails here.
+async fn round_trips_on<S: tarn_store::Store>(store: Arc<CountingStore<S>>) {
+    let engine = common::engine(store.clone());
+    let owner = common::sign_up(&engine, "owner").await;
+    common::sign_up(&engine, "solo").await;
+    common::sign_up(&engine, "member").await;
+    common::sign_up(&engine, "nested").await;
+    for g in ["g1", "g2", "g3", "outer"] {
+        engine
+            .create_group(&owner, g, None, serde_json::Map::new())
+            .await
+            .unwrap();
+    }
+    for g in ["g2", "g3"] {
+        engine
+            .add_member(&owner, g, &Principal::User("member".into()))
+            .await
+            .unwrap();
+    }
+    engine
+        .add_member(&owner, "g1", &Principal::User("nested".into()))
+        .await
+        .unwrap();
+    engine
+        .add_member(&owner, "outer", &Principal::Group("g1".into()))
+        .await
+        .unwrap();
+    engine
+        .declare_index(
+            &common::admin(),
+            "doc-by-rank",
+            "doc",
+            vec![],
+            vec![SortField {
+                field: "rank".into(),
+                order: Order::Asc,
+            }],
+        )
+        .await
+        .unwrap();
+    common::wait_ready(&engine, "doc-by-rank").await;
+    let acl = vec![
+        Grant {
+            principal: Principal::Everyone,
+            role: Role::Viewer,
+        },
+        Grant {
+            principal: Principal::Group("outer".into()),
+            role: Role::Viewer,
+        },
+    ];
+    let mut id = String::new();
+    for i in 0..40 {
+        id = engine
+            .create_item(
+                &owner,
+                "doc",
+                common::props(json!({ "rank": i })),
+                acl.clone(),
+            )
+            .await
+            .unwrap()
+            .item
+            .id;
+    }
+    let token = |name: &str| {
+        let engine = engine.clone();
+        let name = name.to_string();
+        async move {
+            let (t, _) = engine
+                .sign_in(&name, &format!("{name}-password"))
+                .await
+                .unwrap();
+            tarn_engine::Caller::Token(t)
+        }
+    };
+    let solo = token("solo").await;
+    let member = token("member").await;
+    let nested = token("nested").await;
+    let list = ListQuery {
+        kind: Some("doc".into()),
+        limit: 25,
+        sort: vec![SortField {
+            field: "rank".into(),
+            order: Order::Asc,
+        }],
+        ..ListQuery::default()
+    };
+    // Warm this thread's decoded declarations.
+    engine.list_items(&solo, &list).await.unwrap();
+
+    let measure = |store: &CountingStore<S>| {
+        let c = store.counts();
+        store.reset();
+        c
+    };
+    store.reset();
+    // (what, caller, store calls)
+    let cases: [(&str, &tarn_engine::Caller, u64); 3] = [
+        ("no groups", &solo, 1),
+        ("groups", &member, 2),
+        ("nested groups", &nested, 3),
+    ];
+    for (what, caller, walk) in cases {
+        engine.get_item(caller, &id, None).await.unwrap();
+        let c = measure(&store);
+        assert_eq!(
+            (c.snapshots, c.calls, c.writes),
+            (1, walk, 0),
+            "item read, {what}: {c:?}"
+        );
+        engine.me(caller).await.unwrap();
+        let c = measure(&store);
+        assert_eq!(
+            (c.snapshots, c.calls, c.writes),
+            (1, walk, 0),
+            "/me, {what}: {c:?}"
+        );
+        let page = engine.list_items(caller, &list).await.unwrap();
+        assert_eq!(page.items.len(), 25);
+        let c = measure(&store);
+        // Without nesting: who + declarations, then index (beside the
+        // next level of memberships), then items. Each further level of
+        // nesting adds one.
+        let listing = 3 + walk.saturating_sub(2);
+        assert_eq!(
+            (c.snapshots, c.calls, c.writes),
+            (1, listing, 0),
+            "listing, {what}: {c:?}"
+        );
+    }
+    engine
+        .list_items(&tarn_engine::Caller::Anonymous, &list)
+        .await
+        .unwrap();
+    let c = measure(&store);
+    assert_eq!((c.snapshots, c.calls), (1, 3), "anonymous listing: {c:?}");
+    engine
+        .create_item(
+            &member,
+            "doc",
+            common::props(json!({"rank": 1})),
+            acl.clone(),
+        )
+        .await
+        .unwrap();
+    let c = measure(&store);
+    assert_eq!((c.snapshots, c.calls, c.writes), (1, 2, 1), "create: {c:?}");
+}
+
+#[tokio::test]
+async fn round_trips_per_operation_are_pinned() {
+    round_trips_on(Arc::new(CountingStore::new(MemoryStore::new()))).await;
+}
+
+#[tokio::test]
+async fn round_trips_per_operation_are_pinned_on_postgres() {
+    let store = common::postgres_store().await;
+    round_trips_on(Arc::new(CountingStore::new(store))).await;
+}
