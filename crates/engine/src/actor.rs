@@ -350,7 +350,7 @@ impl Engine {
         let mut all_scans = res.scans();
         let walk = all_scans.len();
         all_scans.extend_from_slice(scans);
-        let mut out = snap.read(&all_gets, &all_scans).await?;
+        let mut out = crate::read(snap, &all_gets, &all_scans).await?;
         res.absorb_first(self, &out.rows[..first])?;
         res.absorb_scans(&out.scans[..walk])?;
         let own = ReadResult {
@@ -369,7 +369,7 @@ impl Engine {
     ) -> Result<Actor> {
         while !res.done() {
             let scans = res.scans();
-            let out = snap.read(&[], &scans).await?;
+            let out = crate::read(snap, &[], &scans).await?;
             res.absorb_scans(&out.scans)?;
         }
         Ok(res.finish())
@@ -384,7 +384,7 @@ impl Engine {
     ) -> Result<Walk> {
         let mut walk = Walk::from(start);
         while !walk.done() {
-            let out = snap.read(&[], &walk.scans()).await?;
+            let out = crate::read(snap, &[], &walk.scans()).await?;
             walk.absorb(&out.scans)?;
         }
         Ok(walk)

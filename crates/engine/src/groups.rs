@@ -332,7 +332,7 @@ impl Engine {
         let mut depth = 0;
         while !walk.done() {
             let before = walk.found.len();
-            let out = snap.read(&[], &walk.scans()).await?;
+            let out = crate::read(snap, &[], &walk.scans()).await?;
             walk.absorb(&out.scans)?;
             if walk.found.len() > before {
                 depth += 1;

@@ -285,6 +285,38 @@ impl Engine {
     }
 }
 
+/// One read of `gets` and `scans`, split into as few calls as the store's
+/// per-call bounds allow (one, but for callers in very many groups).
+pub(crate) async fn read(
+    snap: &mut Box<dyn Snapshot>,
+    gets: &[tarn_store::Key],
+    scans: &[tarn_store::Scan],
+) -> Result<tarn_store::ReadResult> {
+    let rows: usize = scans.iter().map(|s| s.limit).sum();
+    if gets.len() <= tarn_store::MAX_READ_KEYS && rows <= tarn_store::MAX_READ_ROWS {
+        return Ok(snap.read(gets, scans).await?);
+    }
+    let mut out = tarn_store::ReadResult::default();
+    for chunk in gets.chunks(tarn_store::MAX_READ_KEYS) {
+        out.rows.extend(snap.read(chunk, &[]).await?.rows);
+    }
+    let mut start = 0;
+    while start < scans.len() {
+        let mut end = start;
+        let mut budget = 0;
+        while end < scans.len()
+            && (end == start || budget + scans[end].limit <= tarn_store::MAX_READ_ROWS)
+        {
+            budget += scans[end].limit;
+            end += 1;
+        }
+        out.scans
+            .extend(snap.read(&[], &scans[start..end]).await?.scans);
+        start = end;
+    }
+    Ok(out)
+}
+
 pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
     getrandom::fill(&mut b).expect("the OS random source works");

@@ -507,7 +507,7 @@ impl Engine {
         let mut gets = res.first_gets();
         let first = gets.len();
         gets.push(schema::defs_version_key());
-        let out = snap.read(&gets, &res.scans()).await?;
+        let out = crate::read(&mut snap, &gets, &res.scans()).await?;
         res.absorb_first(self, &out.rows[..first])?;
         res.absorb_scans(&out.scans)?;
         let defs = self.defs_at(&mut snap, &out.rows[first]).await?;
@@ -550,7 +550,7 @@ impl Engine {
                 break;
             }
             let n = walk.len();
-            let out = snap.read(&[], &[walk, index].concat()).await?;
+            let out = crate::read(&mut snap, &[], &[walk, index].concat()).await?;
             let mut scans = out.scans;
             let index_rows = scans.split_off(n);
             res.absorb_scans(&scans)?;
@@ -558,7 +558,7 @@ impl Engine {
         }
         let actor = res.finish();
         while let Step::Read(scans) = merge.step() {
-            let out = snap.read(&[], &scans).await?;
+            let out = crate::read(&mut snap, &[], &scans).await?;
             merge.absorb(out.scans);
         }
         let rows = merge.rows();

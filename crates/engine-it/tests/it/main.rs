@@ -3,6 +3,8 @@
 mod builds;
 mod common;
 mod cost;
+mod failures;
+mod limits;
 mod model;
 mod refusals;
 mod scenarios;

@@ -1,0 +1,159 @@
+//! Every store failure is answered `Unavailable` (503 with Retry-After),
+//! never swallowed and never an internal error.
+//!
+//! Regression for: store errors outside the retry helpers (session lookup,
+//! `/me`, group and index reads) answered 500.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use serde_json::json;
+use tarn_engine::{Caller, Engine, EngineError, ListQuery, Principal};
+use tarn_store::{
+    Batch, Consistency, Key, ReadResult, Scan, Snapshot, Store, StoreError, StoreResult,
+};
+
+use crate::common::{self, props, sign_up};
+
+const OK: u8 = 0;
+const READS_FAIL: u8 = 1;
+const WRITES_FAIL: u8 = 2;
+const SNAPSHOTS_FAIL: u8 = 3;
+
+/// A memory store that fails on demand, each time with another kind of
+/// store error.
+struct Failing {
+    inner: tarn_store::memory::MemoryStore,
+    mode: Arc<AtomicU8>,
+    turn: Arc<AtomicU8>,
+}
+
+fn failure(turn: &AtomicU8) -> StoreError {
+    match turn.fetch_add(1, Ordering::Relaxed) % 4 {
+        0 => StoreError::Other("disk on fire".into()),
+        1 => StoreError::Unavailable("connection reset".into()),
+        2 => StoreError::Conflict("deadlock".into()),
+        _ => StoreError::Corrupt("bad page".into()),
+    }
+}
+
+struct FailingSnapshot {
+    inner: Box<dyn Snapshot>,
+    mode: Arc<AtomicU8>,
+    turn: Arc<AtomicU8>,
+}
+
+#[async_trait::async_trait]
+impl Snapshot for FailingSnapshot {
+    async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult> {
+        if self.mode.load(Ordering::Relaxed) == READS_FAIL {
+            return Err(failure(&self.turn));
+        }
+        self.inner.read(gets, scans).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Failing {
+    async fn snapshot(&self) -> StoreResult<Box<dyn Snapshot>> {
+        if self.mode.load(Ordering::Relaxed) == SNAPSHOTS_FAIL {
+            return Err(failure(&self.turn));
+        }
+        Ok(Box::new(FailingSnapshot {
+            inner: self.inner.snapshot().await?,
+            mode: self.mode.clone(),
+            turn: self.turn.clone(),
+        }))
+    }
+
+    async fn write(&self, batch: Batch) -> StoreResult<()> {
+        if self.mode.load(Ordering::Relaxed) == WRITES_FAIL {
+            return Err(failure(&self.turn));
+        }
+        self.inner.write(batch).await
+    }
+
+    fn consistency(&self) -> Consistency {
+        Consistency::Snapshot
+    }
+}
+
+fn unavailable<T: std::fmt::Debug>(what: &str, mode: u8, r: Result<T, EngineError>) {
+    assert!(
+        matches!(r, Err(EngineError::Unavailable(_))),
+        "{what} with failure mode {mode}: {r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_store_failure_is_unavailable() {
+    let mode = Arc::new(AtomicU8::new(OK));
+    let store = Arc::new(Failing {
+        inner: tarn_store::memory::MemoryStore::new(),
+        mode: mode.clone(),
+        turn: Arc::new(AtomicU8::new(0)),
+    });
+    let e: Engine = common::engine(store);
+    let alice = sign_up(&e, "alice").await;
+    let (token, _) = e.sign_in("alice", "alice-password").await.unwrap();
+    let session = Caller::Token(token);
+    e.create_group(&alice, "g", None, Default::default())
+        .await
+        .unwrap();
+    let id = e
+        .create_item(&alice, "doc", props(json!({})), vec![])
+        .await
+        .unwrap()
+        .item
+        .id;
+    for m in [READS_FAIL, SNAPSHOTS_FAIL, WRITES_FAIL] {
+        mode.store(m, Ordering::Relaxed);
+        let reads_fail = m != WRITES_FAIL;
+        if reads_fail {
+            unavailable("session lookup", m, e.me(&session).await);
+            unavailable("me", m, e.me(&alice).await);
+            unavailable("get item", m, e.get_item(&session, &id, None).await);
+            unavailable("get group", m, e.get_group(&session, "g").await);
+            unavailable("list indexes", m, e.list_indexes(&session).await);
+            unavailable("get user", m, e.get_user("alice").await);
+            unavailable(
+                "listing",
+                m,
+                e.list_items(
+                    &session,
+                    &ListQuery {
+                        kind: Some("doc".into()),
+                        ..ListQuery::default()
+                    },
+                )
+                .await,
+            );
+            unavailable("sign in", m, e.sign_in("alice", "alice-password").await);
+            unavailable("principals", m, e.principals(&session).await);
+        }
+        unavailable(
+            "create item",
+            m,
+            e.create_item(&session, "doc", props(json!({})), vec![]).await,
+        );
+        unavailable(
+            "patch",
+            m,
+            e.patch_item(&session, &id, None, &json!({"a": 1}), None).await,
+        );
+        unavailable("delete", m, e.delete_item(&session, &id, None).await);
+        unavailable(
+            "add member",
+            m,
+            e.add_member(&session, "g", &Principal::User("alice".into())).await,
+        );
+        unavailable(
+            "create group",
+            m,
+            e.create_group(&session, "h", None, Default::default()).await,
+        );
+        unavailable("sign out", m, e.sign_out(&session).await);
+    }
+    mode.store(OK, Ordering::Relaxed);
+    e.me(&session).await.expect("everything works again");
+}

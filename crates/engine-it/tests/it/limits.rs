@@ -1,0 +1,184 @@
+//! Nobody can make another person's requests fail: membership limits are
+//! enforced where memberships are written, and reading never refuses.
+//!
+//! Regression for: any signed-in user could lock another out of the whole
+//! API by creating 1,001 groups and adding the victim to each; every request
+//! of the victim then answered 409.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use tarn_engine::{Caller, Engine, EngineConfig, EngineError, ListQuery, Principal};
+use tarn_store::{Batch, Key, Store, Table};
+
+use crate::common::{self, props, sign_up};
+
+fn engine(store: Arc<dyn Store>) -> Engine {
+    Engine::new(
+        store,
+        EngineConfig {
+            groups_per_hour: 10_000,
+            ..common::config()
+        },
+    )
+}
+
+async fn victim_still_works(e: &Engine, victim: &Caller) {
+    let me = e.me(victim).await.expect("/me works");
+    assert!(me.groups.len() <= 1000);
+    e.list_items(
+        victim,
+        &ListQuery {
+            kind: Some("doc".into()),
+            ..ListQuery::default()
+        },
+    )
+    .await
+    .expect("listings work");
+    e.create_item(victim, "doc", props(json!({})), vec![])
+        .await
+        .expect("writes work");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_someone_to_a_thousand_groups_cannot_lock_them_out() {
+    let e = engine(Arc::new(tarn_store::memory::MemoryStore::new()));
+    let attacker = sign_up(&e, "mallory").await;
+    let victim = sign_up(&e, "victim").await;
+    let victim_p = Principal::User("victim".into());
+    let mut refused = None;
+    for i in 0..1001 {
+        let id = format!("trap{i}");
+        e.create_group(&attacker, &id, None, Default::default())
+            .await
+            .unwrap();
+        match e.add_member(&attacker, &id, &victim_p).await {
+            Ok(()) => {}
+            Err(EngineError::Conflict(m)) => {
+                assert!(m.contains("1000"), "{m}");
+                refused = Some(i);
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(refused, Some(1000), "the 1001st membership is refused");
+    victim_still_works(&e, &victim).await;
+    // The victim can leave any of them.
+    e.remove_member(&victim, "trap7", &victim_p).await.unwrap();
+    assert_eq!(e.me(&victim).await.unwrap().groups.len(), 999);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nesting_a_victims_group_everywhere_is_bounded() {
+    let e = engine(Arc::new(tarn_store::memory::MemoryStore::new()));
+    let attacker = sign_up(&e, "mallory").await;
+    let victim = sign_up(&e, "victim").await;
+    e.create_group(&attacker, "x", None, Default::default())
+        .await
+        .unwrap();
+    e.add_member(&attacker, "x", &Principal::User("victim".into()))
+        .await
+        .unwrap();
+    let mut refused = false;
+    for i in 0..1001 {
+        let id = format!("up{i}");
+        e.create_group(&attacker, &id, None, Default::default())
+            .await
+            .unwrap();
+        match e
+            .add_member(&attacker, &id, &Principal::Group("x".into()))
+            .await
+        {
+            Ok(()) => {}
+            Err(EngineError::Conflict(_)) => {
+                refused = true;
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(refused, "nesting past the bound is refused");
+    victim_still_works(&e, &victim).await;
+    // A chain deeper than the bound is refused too.
+    let mut below = "x".to_string();
+    let mut deep_refused = false;
+    for i in 0..40 {
+        let id = format!("chain{i}");
+        e.create_group(&attacker, &id, None, Default::default())
+            .await
+            .unwrap();
+        match e
+            .add_member(&attacker, &id, &Principal::Group(below.clone()))
+            .await
+        {
+            Ok(()) => below = id,
+            Err(EngineError::Conflict(m)) => {
+                assert!(m.contains("deep") || m.contains("groups"), "{m}");
+                deep_refused = true;
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(deep_refused, "nesting deeper than the bound is refused");
+    victim_still_works(&e, &victim).await;
+}
+
+/// Memberships written past the bounds anyway (by an older version, or by
+/// hand) never make reading fail: the walk stops at the bound.
+#[tokio::test]
+async fn memberships_beyond_the_bound_are_read_not_refused() {
+    let store = Arc::new(tarn_store::memory::MemoryStore::new());
+    let e = engine(store.clone());
+    let victim = sign_up(&e, "victim").await;
+    let members = Table::new("members");
+    let memberships = Table::new("memberships");
+    let mut b = Batch::new();
+    for i in 0..1500 {
+        let g = format!("g{i}");
+        b.put(
+            Key::new(memberships, b"user:victim".to_vec(), g.as_bytes()),
+            b"-".to_vec(),
+            1,
+        );
+        b.put(
+            Key::new(members, g.as_bytes(), b"user:victim".to_vec()),
+            b"-".to_vec(),
+            1,
+        );
+    }
+    store.write(b).await.unwrap();
+    let me = e.me(&victim).await.unwrap();
+    assert_eq!(me.groups.len(), 1000, "the walk stops at the bound");
+    victim_still_works(&e, &victim).await;
+}
+
+#[tokio::test]
+async fn group_creation_is_rate_limited_per_user() {
+    let e = Engine::new(
+        Arc::new(tarn_store::memory::MemoryStore::new()),
+        EngineConfig {
+            groups_per_hour: 5,
+            ..common::config()
+        },
+    );
+    let alice = sign_up(&e, "alice").await;
+    let bob = sign_up(&e, "bob").await;
+    for i in 0..5 {
+        e.create_group(&alice, &format!("a{i}"), None, Default::default())
+            .await
+            .unwrap();
+    }
+    match e.create_group(&alice, "a5", None, Default::default()).await {
+        Err(EngineError::RateLimited { retry_after, .. }) => assert!(retry_after > 0),
+        other => panic!("the sixth group in an hour is refused: {other:?}"),
+    }
+    // Someone else is not affected, nor are administrators.
+    e.create_group(&bob, "b0", None, Default::default())
+        .await
+        .unwrap();
+    e.create_group(&common::admin(), "adm", None, Default::default())
+        .await
+        .unwrap();
+}
