@@ -93,7 +93,7 @@ fn grants(seed: u64) -> Vec<Grant> {
             });
         }
     }
-    if seed % 7 == 0 {
+    if seed.is_multiple_of(7) {
         g.push(Grant {
             principal: Principal::Everyone,
             role: Role::Viewer,
@@ -223,7 +223,7 @@ impl<S: tarn_store::Store> tarn_store::Store for SlowCommits<S> {
         let mut s = self.seed.fetch_add(0x9e37_79b9, Ordering::Relaxed) | 1;
         // Mostly quick; one write in ten lands tens of milliseconds late.
         let r = next(&mut s);
-        let micros = if r % 10 == 0 {
+        let micros = if r.is_multiple_of(10) {
             20_000 + r % 60_000
         } else {
             r % 1000
