@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tarn_store::{Batch, Consistency, Key, ReadResult, Scan, Snapshot, Store, StoreResult};
+use tarn_store::{
+    Batch, Consistency, FeedEntry, Key, ReadResult, Scan, Snapshot, Store, StoreResult, Table,
+};
 
 /// Upper bounds of latency buckets, in seconds.
 const BUCKETS: [f64; 14] = [
@@ -243,6 +245,12 @@ impl Store for MeteredStore {
     fn consistency(&self) -> Consistency {
         self.inner.consistency()
     }
+    async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
+        let t = Instant::now();
+        let r = self.inner.trim_feed(feed, through, limit).await;
+        self.metrics.store_call(2, t, &r);
+        r
+    }
     fn partition_split(&self) -> u32 {
         self.inner.partition_split()
     }
@@ -262,6 +270,23 @@ impl Snapshot for MeteredSnapshot {
     async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult> {
         let t = Instant::now();
         let r = self.inner.read(gets, scans).await;
+        self.metrics.store_call(1, t, &r);
+        r
+    }
+    async fn read_feed(
+        &mut self,
+        feed: Table,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<Vec<FeedEntry>> {
+        let t = Instant::now();
+        let r = self.inner.read_feed(feed, after, limit).await;
+        self.metrics.store_call(1, t, &r);
+        r
+    }
+    async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
+        let t = Instant::now();
+        let r = self.inner.feed_end(feed).await;
         self.metrics.store_call(1, t, &r);
         r
     }

@@ -32,8 +32,8 @@ use std::str::FromStr;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::try_join_all;
 use tarn_store::{
-    check_read, Batch, Consistency, Direction, Expect, Key, Op, ReadResult, Row, Scan, Snapshot,
-    Store, StoreError, StoreResult,
+    check_read, Batch, Consistency, Direction, Expect, FeedEntry, Key, Op, ReadResult, Row, Scan,
+    Snapshot, Store, StoreError, StoreResult, Table,
 };
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -193,6 +193,14 @@ impl PgStore {
                  version int8 NOT NULL,
                  PRIMARY KEY (tbl, part, clus)
              );
+             CREATE SEQUENCE IF NOT EXISTS tarn_feed_seq;
+             CREATE TABLE IF NOT EXISTS tarn_feed (
+                 tbl text COLLATE \"C\" NOT NULL,
+                 xid xid8 NOT NULL,
+                 seq int8 NOT NULL,
+                 value bytea NOT NULL,
+                 PRIMARY KEY (tbl, xid, seq)
+             );
              CREATE TABLE IF NOT EXISTS tarn_schema (version int8 NOT NULL);
              INSERT INTO tarn_schema (version) SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM tarn_schema);",
         )
@@ -308,6 +316,91 @@ impl Snapshot for PgSnapshot {
             scans: scans?,
         })
     }
+
+    async fn read_feed(
+        &mut self,
+        feed: Table,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<Vec<FeedEntry>> {
+        let (xid, seq) = feed_cursor(after)?;
+        let limit = limit.min(tarn_store::MAX_READ_ROWS) as i64;
+        let client = self.begun().await?;
+        // Only below the oldest transaction still running: one that took
+        // its id earlier but commits later can still add entries there.
+        let stmt = client
+            .prepare_cached(
+                "SELECT xid::text::int8, seq, value FROM tarn_feed
+                 WHERE tbl = $1 AND (xid, seq) > ($2::bigint::text::xid8, $3)
+                   AND xid < pg_snapshot_xmin(pg_current_snapshot())
+                 ORDER BY xid, seq LIMIT $4",
+            )
+            .await
+            .map_err(map_err)?;
+        let rows = client
+            .query(&stmt, &[&feed.name(), &xid, &seq, &limit])
+            .await
+            .map_err(map_err)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| FeedEntry {
+                cursor: cursor_bytes(r.get(0), r.get(1)),
+                value: r.get(2),
+            })
+            .collect())
+    }
+
+    async fn feed_end(&mut self, _feed: Table) -> StoreResult<Vec<u8>> {
+        let client = self.begun().await?;
+        let row = client
+            .query_one(
+                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8",
+                &[],
+            )
+            .await
+            .map_err(map_err)?;
+        // Every entry readable now has a smaller transaction id; every later
+        // one has this id or a larger one, with a sequence number above 0.
+        Ok(cursor_bytes(row.get(0), 0))
+    }
+}
+
+/// A feed cursor: the writing transaction's id and the entry's sequence
+/// number, 8 bytes each, big-endian (so bytes order as the pair does).
+fn feed_cursor(c: Option<&[u8]>) -> StoreResult<(i64, i64)> {
+    match c {
+        None => Ok((0, 0)),
+        Some(c) if c.len() == 16 => {
+            let xid = u64::from_be_bytes(c[..8].try_into().expect("8 bytes"));
+            let seq = u64::from_be_bytes(c[8..].try_into().expect("8 bytes"));
+            Ok((
+                xid.min(i64::MAX as u64) as i64,
+                seq.min(i64::MAX as u64) as i64,
+            ))
+        }
+        Some(_) => Err(StoreError::Invalid("not a cursor of this feed".into())),
+    }
+}
+
+fn cursor_bytes(xid: i64, seq: i64) -> Vec<u8> {
+    let mut c = (xid as u64).to_be_bytes().to_vec();
+    c.extend_from_slice(&(seq as u64).to_be_bytes());
+    c
+}
+
+impl PgSnapshot {
+    /// The snapshot's connection, its transaction begun.
+    async fn begun(&mut self) -> StoreResult<&deadpool_postgres::Client> {
+        let client = self.client.as_ref().expect("held until drop");
+        if !self.begun {
+            client
+                .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                .await
+                .map_err(map_err)?;
+            self.begun = true;
+        }
+        Ok(client)
+    }
 }
 
 impl Drop for PgSnapshot {
@@ -354,8 +447,56 @@ impl Store for PgStore {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut client = self.pool.get().await.map_err(pool_err)?;
-        let tx = client.transaction().await.map_err(map_err)?;
+        let client = self.pool.get().await.map_err(pool_err)?;
+        client.batch_execute("BEGIN").await.map_err(map_err)?;
+        let applied = apply(&client, &batch).await;
+        let end = match &applied {
+            Ok(()) => client.batch_execute("COMMIT").await.map_err(map_err),
+            Err(_) => client.batch_execute("ROLLBACK").await.map_err(map_err),
+        };
+        match (applied, end) {
+            (Err(e), Ok(())) => Err(e),
+            (Err(e), Err(_)) => {
+                // The connection may be in a transaction: never reuse it.
+                drop(deadpool_postgres::Object::take(client));
+                Err(e)
+            }
+            (Ok(()), end) => end,
+        }
+    }
+
+    async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
+        let (xid, seq) = feed_cursor(Some(through))?;
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let stmt = client
+            .prepare_cached(
+                "DELETE FROM tarn_feed WHERE (tbl, xid, seq) IN (
+                     SELECT tbl, xid, seq FROM tarn_feed
+                     WHERE tbl = $1 AND (xid, seq) <= ($2::bigint::text::xid8, $3)
+                     ORDER BY xid, seq LIMIT $4)",
+            )
+            .await
+            .map_err(map_err)?;
+        let n = client
+            .execute(
+                &stmt,
+                &[
+                    &feed.name(),
+                    &xid,
+                    &seq,
+                    &(limit.min(i64::MAX as usize) as i64),
+                ],
+            )
+            .await
+            .map_err(map_err)?;
+        Ok(n as usize)
+    }
+}
+
+/// Applies a batch inside the transaction open on `tx`, without ending it.
+/// Rows are locked in key order; the caller commits or rolls back.
+async fn apply(tx: &deadpool_postgres::Client, batch: &Batch) -> StoreResult<()> {
+    {
         // Guards, in key order.
         let mut guards: Vec<(usize, &tarn_store::Guard)> =
             batch.guards.iter().enumerate().collect();
@@ -405,7 +546,6 @@ impl Store for PgStore {
             }
         }
         if let Some(guard) = failed {
-            tx.rollback().await.map_err(map_err)?;
             return Err(StoreError::GuardFailed { guard });
         }
         // The last op on a key wins; then key order for lock order.
@@ -475,7 +615,52 @@ impl Store for PgStore {
                 .map_err(map_err)?;
             }
         }
-        tx.commit().await.map_err(map_err)
+        if !batch.appends.is_empty() {
+            let feeds: Vec<&str> = batch.appends.iter().map(|a| a.feed.name()).collect();
+            let values: Vec<&[u8]> = batch.appends.iter().map(|a| a.value.as_slice()).collect();
+            let append = tx
+                .prepare_cached(
+                    "INSERT INTO tarn_feed (tbl, xid, seq, value)
+                     SELECT t, pg_current_xact_id(), nextval('tarn_feed_seq'), v
+                     FROM unnest($1::text[], $2::bytea[]) WITH ORDINALITY AS a(t, v, n) ORDER BY n",
+                )
+                .await
+                .map_err(map_err)?;
+            tx.execute(&append, &[&feeds, &values])
+                .await
+                .map_err(map_err)?;
+        }
+        Ok(())
+    }
+}
+
+/// A write applied but not yet committed (tests make transactions commit
+/// in another order than they started).
+#[doc(hidden)]
+pub struct HeldWrite {
+    client: deadpool_postgres::Client,
+}
+
+impl HeldWrite {
+    /// Commits the held write.
+    pub async fn commit(self) -> StoreResult<()> {
+        self.client.batch_execute("COMMIT").await.map_err(map_err)
+    }
+}
+
+impl PgStore {
+    /// Applies `batch` and keeps its transaction open until
+    /// [`HeldWrite::commit`]: for tests of commit order.
+    #[doc(hidden)]
+    pub async fn write_held(&self, batch: Batch) -> StoreResult<HeldWrite> {
+        batch.validate()?;
+        let client = self.pool.get().await.map_err(pool_err)?;
+        client.batch_execute("BEGIN").await.map_err(map_err)?;
+        if let Err(e) = apply(&client, &batch).await {
+            let _ = client.batch_execute("ROLLBACK").await;
+            return Err(e);
+        }
+        Ok(HeldWrite { client })
     }
 }
 

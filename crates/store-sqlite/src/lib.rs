@@ -40,8 +40,8 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 use tarn_store::{
-    check_read, Batch, Consistency, Direction, Expect, Key, Op, ReadResult, Row, Scan, Snapshot,
-    Store, StoreError, StoreResult,
+    check_read, Batch, Consistency, Direction, Expect, FeedEntry, Key, Op, ReadResult, Row, Scan,
+    Snapshot, Store, StoreError, StoreResult, Table, MAX_READ_ROWS,
 };
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -83,9 +83,21 @@ impl Default for SqliteOptions {
 }
 
 struct WriteJob {
-    batch: Batch,
+    work: Work,
     bytes: usize,
-    reply: oneshot::Sender<StoreResult<()>>,
+    reply: oneshot::Sender<StoreResult<usize>>,
+}
+
+/// What the writer does for one job.
+enum Work {
+    /// Apply a batch (answers 0).
+    Batch(Batch),
+    /// Remove the oldest entries of a feed (answers how many).
+    Trim {
+        feed: &'static str,
+        through: u64,
+        limit: usize,
+    },
 }
 
 /// The embedded store. Cheap to clone: clones share the same pool and writer.
@@ -234,6 +246,39 @@ impl SqliteStore {
     pub fn dir(&self) -> &Path {
         &self.inner.dir
     }
+
+    /// Queues work for the writer, or refuses it at once when the queue is
+    /// full; answers what the writer answers, once durable.
+    async fn submit(&self, work: Work, bytes: usize) -> StoreResult<usize> {
+        let inner = &self.inner;
+        let shared = &inner.shared;
+        let writes = shared.queued_writes.fetch_add(1, Ordering::Relaxed);
+        let queued = shared.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if writes >= inner.options.max_queued_writes
+            || queued + bytes > inner.options.max_queued_bytes
+        {
+            shared.queued_writes.fetch_sub(1, Ordering::Relaxed);
+            shared.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            shared.refused_writes.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable("the write queue is full".into()));
+        }
+        let (reply, rx) = oneshot::channel();
+        let queue = if bytes > LARGE_WRITE {
+            &inner.large
+        } else {
+            &inner.small
+        };
+        let job = WriteJob { work, bytes, reply };
+        match queue.as_ref().map(|q| q.try_send(job)) {
+            Some(Ok(())) => {}
+            Some(Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) | None => {
+                shared.queued_writes.fetch_sub(1, Ordering::Relaxed);
+                shared.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                return Err(closed());
+            }
+        }
+        rx.await.map_err(|_| closed())?
+    }
 }
 
 fn closed() -> StoreError {
@@ -268,7 +313,17 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
              value BLOB NOT NULL,
              version INTEGER NOT NULL,
              PRIMARY KEY (tbl, part, clus)
-         ) WITHOUT ROWID;",
+         ) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS feed (
+             tbl TEXT NOT NULL,
+             seq INTEGER NOT NULL,
+             value BLOB NOT NULL,
+             PRIMARY KEY (tbl, seq)
+         ) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS feed_seq (
+             tbl TEXT NOT NULL PRIMARY KEY,
+             last INTEGER NOT NULL
+         );",
     )?;
     Ok(conn)
 }
@@ -420,11 +475,7 @@ struct SqliteSnapshot {
 
 impl SqliteSnapshot {
     fn read_now(&mut self, gets: &[Key], scans: &[Scan]) -> rusqlite::Result<ReadResult> {
-        let conn = self.conn.as_ref().expect("held until drop");
-        if !self.in_txn {
-            conn.execute_batch("BEGIN")?;
-            self.in_txn = true;
-        }
+        let conn = self.conn()?;
         let rows = gets
             .iter()
             .map(|k| get_row(conn, k))
@@ -449,11 +500,109 @@ impl Drop for SqliteSnapshot {
     }
 }
 
+impl SqliteSnapshot {
+    fn conn(&mut self) -> rusqlite::Result<&Connection> {
+        let conn = self.conn.as_ref().expect("held until drop");
+        if !self.in_txn {
+            conn.execute_batch("BEGIN")?;
+            self.in_txn = true;
+        }
+        Ok(conn)
+    }
+}
+
+fn feed_seq(cursor: Option<&[u8]>) -> StoreResult<i64> {
+    match cursor {
+        None => Ok(0),
+        Some(c) => c
+            .try_into()
+            .map(|b| u64::from_be_bytes(b).min(i64::MAX as u64) as i64)
+            .map_err(|_| StoreError::Invalid("not a cursor of this feed".into())),
+    }
+}
+
 #[async_trait::async_trait]
 impl Snapshot for SqliteSnapshot {
     async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult> {
         check_read(gets, scans)?;
         self.read_now(gets, scans).map_err(map_err)
+    }
+
+    async fn read_feed(
+        &mut self,
+        feed: Table,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<Vec<FeedEntry>> {
+        let after = feed_seq(after)?;
+        let limit = limit.min(MAX_READ_ROWS);
+        let conn = self.conn().map_err(map_err)?;
+        let read = || -> rusqlite::Result<Vec<FeedEntry>> {
+            let mut stmt = conn.prepare_cached(
+                "SELECT seq, value FROM feed WHERE tbl = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+            )?;
+            let rows = stmt.query_map(params![feed.name(), after, limit as i64], |r| {
+                Ok(FeedEntry {
+                    cursor: (r.get::<_, i64>(0)? as u64).to_be_bytes().to_vec(),
+                    value: r.get(1)?,
+                })
+            })?;
+            rows.collect()
+        };
+        read().map_err(map_err)
+    }
+
+    async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
+        let conn = self.conn().map_err(map_err)?;
+        let last: Option<i64> = conn
+            .prepare_cached("SELECT last FROM feed_seq WHERE tbl = ?1")
+            .and_then(|mut s| s.query_row(params![feed.name()], |r| r.get(0)).optional())
+            .map_err(map_err)?;
+        Ok((last.unwrap_or(0) as u64).to_be_bytes().to_vec())
+    }
+}
+
+/// The writer's numbering of feed entries: the last sequence number given
+/// per feed, loaded when first needed and saved with every group that
+/// appends. Numbers are given in commit order (one writer, one transaction
+/// per group); a rolled-back write leaves a gap, never a reuse.
+#[derive(Default)]
+struct Sequences {
+    last: std::collections::HashMap<&'static str, u64>,
+    /// Feeds appended to in the group being committed.
+    touched: Vec<&'static str>,
+}
+
+impl Sequences {
+    fn next(&mut self, conn: &Connection, feed: &'static str) -> rusqlite::Result<u64> {
+        let last = match self.last.get(feed) {
+            Some(n) => *n,
+            None => {
+                let saved: Option<i64> = conn
+                    .prepare_cached("SELECT last FROM feed_seq WHERE tbl = ?1")?
+                    .query_row(params![feed], |r| r.get(0))
+                    .optional()?;
+                let max: Option<i64> = conn
+                    .prepare_cached("SELECT max(seq) FROM feed WHERE tbl = ?1")?
+                    .query_row(params![feed], |r| r.get(0))?;
+                saved.unwrap_or(0).max(max.unwrap_or(0)) as u64
+            }
+        };
+        let n = last + 1;
+        self.last.insert(feed, n);
+        if !self.touched.contains(&feed) {
+            self.touched.push(feed);
+        }
+        Ok(n)
+    }
+
+    /// Saves the last numbers of the feeds this group appended to.
+    fn save(&mut self, conn: &Connection) -> rusqlite::Result<()> {
+        for feed in self.touched.drain(..) {
+            conn.prepare_cached("INSERT OR REPLACE INTO feed_seq (tbl, last) VALUES (?1, ?2)")?
+                .execute(params![feed, self.last[feed] as i64])?;
+        }
+        Ok(())
     }
 }
 
@@ -463,6 +612,7 @@ fn writer_loop(
     large: Receiver<WriteJob>,
     shared: Arc<Shared>,
 ) {
+    let mut seqs = Sequences::default();
     loop {
         // Small writes first; a large one when no small one waits.
         let first = match small.try_recv() {
@@ -496,7 +646,7 @@ fn writer_loop(
             }
         }
         let bytes: usize = group.iter().map(|j| j.bytes).sum();
-        let outcomes = commit_group(&mut conn, &group);
+        let outcomes = commit_group(&mut conn, &group, &mut seqs);
         shared.groups.fetch_add(1, Ordering::Relaxed);
         shared
             .commits
@@ -514,16 +664,21 @@ fn writer_loop(
 /// Applies every write of the group in one transaction, each in its own
 /// savepoint, and commits once. Returns one outcome per write; if the commit
 /// itself fails, every write that would have applied fails with it.
-fn commit_group(conn: &mut Connection, group: &[WriteJob]) -> Vec<StoreResult<()>> {
+fn commit_group(
+    conn: &mut Connection,
+    group: &[WriteJob],
+    seqs: &mut Sequences,
+) -> Vec<StoreResult<usize>> {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let e = map_err(e);
         return group.iter().map(|_| Err(clone_err(&e))).collect();
     }
-    let mut outcomes: Vec<StoreResult<()>> = Vec::with_capacity(group.len());
+    let mut outcomes: Vec<StoreResult<usize>> = Vec::with_capacity(group.len());
     for job in group {
-        outcomes.push(apply_one(conn, &job.batch));
+        outcomes.push(apply_one(conn, &job.work, seqs));
     }
-    if let Err(e) = conn.execute_batch("COMMIT") {
+    let commit = seqs.save(conn).and_then(|()| conn.execute_batch("COMMIT"));
+    if let Err(e) = commit {
         let e = map_err(e);
         let _ = conn.execute_batch("ROLLBACK");
         for o in outcomes.iter_mut() {
@@ -544,9 +699,28 @@ fn clone_err(e: &StoreError) -> StoreError {
     }
 }
 
-fn apply_one(conn: &Connection, batch: &Batch) -> StoreResult<()> {
+fn apply_one(conn: &Connection, work: &Work, seqs: &mut Sequences) -> StoreResult<usize> {
     conn.execute_batch("SAVEPOINT w").map_err(map_err)?;
-    let result = guards_then_ops(conn, batch);
+    let result = match work {
+        Work::Batch(batch) => guards_then_ops(conn, batch, seqs).map(|()| 0),
+        Work::Trim {
+            feed,
+            through,
+            limit,
+        } => conn
+            .prepare_cached(
+                "DELETE FROM feed WHERE tbl = ?1 AND seq IN
+                 (SELECT seq FROM feed WHERE tbl = ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    feed,
+                    (*through).min(i64::MAX as u64) as i64,
+                    (*limit).min(i64::MAX as usize) as i64
+                ])
+            })
+            .map_err(map_err),
+    };
     let end = if result.is_ok() {
         "RELEASE w"
     } else {
@@ -556,7 +730,7 @@ fn apply_one(conn: &Connection, batch: &Batch) -> StoreResult<()> {
     result
 }
 
-fn guards_then_ops(conn: &Connection, batch: &Batch) -> StoreResult<()> {
+fn guards_then_ops(conn: &Connection, batch: &Batch, seqs: &mut Sequences) -> StoreResult<()> {
     for (i, g) in batch.guards.iter().enumerate() {
         let current = get_row(conn, &g.key).map_err(map_err)?.map(|r| r.version);
         let holds = match (g.expect, current) {
@@ -601,11 +775,22 @@ fn guards_then_ops(conn: &Connection, batch: &Batch) -> StoreResult<()> {
             }
         }
     }
+    if !batch.appends.is_empty() {
+        let mut append = conn
+            .prepare_cached("INSERT INTO feed (tbl, seq, value) VALUES (?1, ?2, ?3)")
+            .map_err(map_err)?;
+        for a in &batch.appends {
+            let seq = seqs.next(conn, a.feed.name()).map_err(map_err)?;
+            append
+                .execute(params![a.feed.name(), seq as i64, a.value])
+                .map_err(map_err)?;
+        }
+    }
     Ok(())
 }
 
 fn batch_bytes(batch: &Batch) -> usize {
-    batch
+    let rows: usize = batch
         .ops
         .iter()
         .map(|op| {
@@ -616,7 +801,12 @@ fn batch_bytes(batch: &Batch) -> usize {
             };
             k.partition.len() + k.clustering.len() + v + 32
         })
-        .sum()
+        .sum();
+    rows + batch
+        .appends
+        .iter()
+        .map(|a| a.value.len() + 32)
+        .sum::<usize>()
 }
 
 #[async_trait::async_trait]
@@ -663,39 +853,21 @@ impl Store for SqliteStore {
         if batch.is_empty() {
             return Ok(());
         }
-        let inner = &self.inner;
         let bytes = batch_bytes(&batch);
-        let shared = &inner.shared;
-        let writes = shared.queued_writes.fetch_add(1, Ordering::Relaxed);
-        let queued = shared.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
-        if writes >= inner.options.max_queued_writes
-            || queued + bytes > inner.options.max_queued_bytes
-        {
-            shared.queued_writes.fetch_sub(1, Ordering::Relaxed);
-            shared.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
-            shared.refused_writes.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::Unavailable("the write queue is full".into()));
-        }
-        let (reply, rx) = oneshot::channel();
-        let queue = if bytes > LARGE_WRITE {
-            &inner.large
-        } else {
-            &inner.small
-        };
-        let job = WriteJob {
-            batch,
-            bytes,
-            reply,
-        };
-        match queue.as_ref().map(|q| q.try_send(job)) {
-            Some(Ok(())) => {}
-            Some(Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) | None => {
-                shared.queued_writes.fetch_sub(1, Ordering::Relaxed);
-                shared.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
-                return Err(closed());
-            }
-        }
-        rx.await.map_err(|_| closed())?
+        self.submit(Work::Batch(batch), bytes).await.map(|_| ())
+    }
+
+    async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
+        let through = feed_seq(Some(through))? as u64;
+        self.submit(
+            Work::Trim {
+                feed: feed.name(),
+                through,
+                limit,
+            },
+            64,
+        )
+        .await
     }
 
     fn consistency(&self) -> Consistency {

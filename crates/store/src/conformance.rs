@@ -28,7 +28,8 @@ macro_rules! conformance_tests {
             guards_on_two_partitions_refused, ops_in_order, concurrent_guarded_writers_one_winner,
             concurrent_counter_increments, large_values, many_partitions, many_reads_match_single,
             oversized_input_refused, snapshots_see_one_state, many_snapshots_at_once,
-            read_bounds_refused);
+            read_bounds_refused, feed_in_order_from_any_cursor, feed_appends_are_atomic,
+            feed_pollers_never_miss_concurrent_appends, feed_trims_the_oldest);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(
@@ -624,6 +625,184 @@ pub async fn oversized_input_refused(s: Arc<dyn Store>) {
     assert!(get(&*s, key(T1, b"ok", b"a")).await.is_none());
 }
 
+const F1: Table = Table::new("conf_feed_a");
+const F2: Table = Table::new("conf_feed_b");
+
+async fn append(s: &dyn Store, feed: Table, value: &[u8]) {
+    let mut b = Batch::new();
+    b.append(feed, value.to_vec());
+    s.write(b).await.expect("append");
+}
+
+async fn read_feed(
+    s: &dyn Store,
+    feed: Table,
+    after: Option<&[u8]>,
+    limit: usize,
+) -> Vec<crate::FeedEntry> {
+    let mut snap = s.snapshot().await.expect("snapshot");
+    snap.read_feed(feed, after, limit).await.expect("read_feed")
+}
+
+/// Entries come back in the order their writes committed, from any cursor,
+/// at most `limit` at a time; feeds are apart; the end cursor comes after
+/// every entry.
+pub async fn feed_in_order_from_any_cursor(s: Arc<dyn Store>) {
+    let mut snap = s.snapshot().await.unwrap();
+    let start = snap.feed_end(F1).await.unwrap();
+    drop(snap);
+    assert!(read_feed(&*s, F1, Some(&start), 10).await.is_empty());
+    for i in 0..30u8 {
+        append(&*s, F1, &[i]).await;
+        if i % 3 == 0 {
+            append(&*s, F2, &[100 + i]).await;
+        }
+    }
+    let all = read_feed(&*s, F1, Some(&start), 100).await;
+    assert_eq!(
+        all.iter().map(|e| e.value[0]).collect::<Vec<_>>(),
+        (0..30).collect::<Vec<_>>()
+    );
+    assert!(
+        all.windows(2).all(|w| w[0].cursor < w[1].cursor),
+        "cursors ascend"
+    );
+    assert!(all
+        .iter()
+        .all(|e| !e.cursor.is_empty() && e.cursor.as_slice() > start.as_slice()));
+    let page = read_feed(&*s, F1, Some(&all[9].cursor), 5).await;
+    assert_eq!(
+        page.iter().map(|e| e.value[0]).collect::<Vec<_>>(),
+        vec![10, 11, 12, 13, 14]
+    );
+    let from_start = read_feed(&*s, F1, None, 1000).await;
+    assert!(from_start.len() >= 30);
+    assert_eq!(from_start[from_start.len() - 30..].to_vec(), all);
+    let other = read_feed(&*s, F2, None, 100).await;
+    assert_eq!(other.len(), 10, "feeds are apart");
+    let mut snap = s.snapshot().await.unwrap();
+    let end = snap.feed_end(F1).await.unwrap();
+    assert!(end >= all[29].cursor);
+    assert!(snap.read_feed(F1, Some(&end), 10).await.unwrap().is_empty());
+    drop(snap);
+    append(&*s, F1, &[99]).await;
+    let after_end = read_feed(&*s, F1, Some(&end), 10).await;
+    assert_eq!(after_end.len(), 1);
+    assert_eq!(after_end[0].value, vec![99]);
+}
+
+/// A batch's entries land with its rows, in batch order, or not at all.
+pub async fn feed_appends_are_atomic(s: Arc<dyn Store>) {
+    let mut snap = s.snapshot().await.unwrap();
+    let start = snap.feed_end(F1).await.unwrap();
+    drop(snap);
+    let mut b = Batch::new();
+    b.put(key(T1, b"fa", b"k"), b"v".to_vec(), 1)
+        .append(F1, b"one".to_vec())
+        .append(F1, b"two".to_vec())
+        .guard(key(T1, b"fa", b"k"), Expect::Version(7));
+    assert!(matches!(
+        s.write(b).await,
+        Err(StoreError::GuardFailed { guard: 0 })
+    ));
+    assert!(
+        read_feed(&*s, F1, Some(&start), 10).await.is_empty(),
+        "a failed guard appends nothing"
+    );
+    let mut b = Batch::new();
+    b.put(key(T1, b"fa", b"k"), b"v".to_vec(), 1)
+        .append(F1, b"one".to_vec())
+        .append(F1, b"two".to_vec())
+        .guard(key(T1, b"fa", b"k"), Expect::Absent);
+    s.write(b).await.unwrap();
+    let got = read_feed(&*s, F1, Some(&start), 10).await;
+    assert_eq!(
+        got.iter().map(|e| e.value.clone()).collect::<Vec<_>>(),
+        vec![b"one".to_vec(), b"two".to_vec()]
+    );
+    if s.consistency() == Consistency::Snapshot {
+        // A snapshot reads the feed as of its first read.
+        let mut old = s.snapshot().await.unwrap();
+        let seen = old.read_feed(F1, Some(&start), 10).await.unwrap();
+        append(&*s, F1, b"three").await;
+        assert_eq!(old.read_feed(F1, Some(&start), 10).await.unwrap(), seen);
+    }
+}
+
+/// Writers append concurrently while a poller reads on from its last
+/// cursor: the poller sees every acknowledged entry exactly once.
+pub async fn feed_pollers_never_miss_concurrent_appends(s: Arc<dyn Store>) {
+    let mut snap = s.snapshot().await.unwrap();
+    let start = snap.feed_end(F2).await.unwrap();
+    drop(snap);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (s, done) = (s.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut cursor = start;
+            let mut seen = Vec::new();
+            loop {
+                let finished = done.load(std::sync::atomic::Ordering::SeqCst);
+                loop {
+                    let page = read_feed(&*s, F2, Some(&cursor), 7).await;
+                    if page.is_empty() {
+                        break;
+                    }
+                    for e in page {
+                        assert!(e.cursor > cursor, "cursors move forward");
+                        cursor = e.cursor;
+                        seen.push(u32::from_be_bytes(e.value[..4].try_into().unwrap()));
+                    }
+                }
+                if finished {
+                    return seen;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let mut writers = Vec::new();
+    for w in 0..8u32 {
+        let s = s.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0..25u32 {
+                let mut b = Batch::new();
+                b.put(key(T2, &w.to_be_bytes(), &i.to_be_bytes()), vec![1], 1)
+                    .append(F2, (w * 1000 + i).to_be_bytes().to_vec());
+                s.write(b).await.unwrap();
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut seen = poller.await.unwrap();
+    let n = seen.len();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), n, "no entry twice");
+    assert_eq!(n, 200, "every acknowledged entry seen");
+}
+
+/// Trimming removes the oldest entries up to a cursor, in bounded steps.
+pub async fn feed_trims_the_oldest(s: Arc<dyn Store>) {
+    let f = Table::new("conf_feed_trim");
+    for i in 0..10u8 {
+        append(&*s, f, &[i]).await;
+    }
+    let all = read_feed(&*s, f, None, 100).await;
+    assert_eq!(all.len(), 10);
+    assert_eq!(s.trim_feed(f, &all[5].cursor, 4).await.unwrap(), 4);
+    assert_eq!(s.trim_feed(f, &all[5].cursor, 4).await.unwrap(), 2);
+    assert_eq!(s.trim_feed(f, &all[5].cursor, 4).await.unwrap(), 0);
+    let left = read_feed(&*s, f, None, 100).await;
+    assert_eq!(
+        left.iter().map(|e| e.value[0]).collect::<Vec<_>>(),
+        vec![6, 7, 8, 9]
+    );
+}
+
 /// A memory store that lets the first write touching a table through and
 /// holds back every later one until the process ends: for tests that need
 /// background work to stay unfinished (an index that stays `building`).
@@ -663,5 +842,14 @@ impl Store for HoldWrites {
 
     fn consistency(&self) -> Consistency {
         self.inner.consistency()
+    }
+
+    async fn trim_feed(
+        &self,
+        feed: Table,
+        through: &[u8],
+        limit: usize,
+    ) -> crate::StoreResult<usize> {
+        self.inner.trim_feed(feed, through, limit).await
     }
 }

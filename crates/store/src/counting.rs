@@ -4,7 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::{Batch, Consistency, Key, ReadResult, Scan, Snapshot, Store, StoreResult};
+use crate::{
+    Batch, Consistency, FeedEntry, Key, ReadResult, Scan, Snapshot, Store, StoreResult, Table,
+};
 
 /// Counts of reads through a [`CountingStore`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -100,6 +102,25 @@ impl Snapshot for CountingSnapshot {
         c.rows.fetch_add(n as u64, Ordering::Relaxed);
         Ok(out)
     }
+
+    async fn read_feed(
+        &mut self,
+        feed: Table,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<Vec<FeedEntry>> {
+        self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        let out = self.inner.read_feed(feed, after, limit).await?;
+        self.counters
+            .rows
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
+        self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.feed_end(feed).await
+    }
 }
 
 #[async_trait::async_trait]
@@ -119,6 +140,10 @@ impl<S: Store> Store for CountingStore<S> {
 
     fn consistency(&self) -> Consistency {
         self.inner.consistency()
+    }
+
+    async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
+        self.inner.trim_feed(feed, through, limit).await
     }
 
     fn partition_split(&self) -> u32 {

@@ -24,6 +24,12 @@
 //! - [`Store::write`]: an atomic [`Batch`] of puts and deletes over any tables
 //!   and partitions, optionally guarded by conditions on rows of **one**
 //!   partition. A failed guard applies nothing and names the guard.
+//! - Feeds: a batch may [`Batch::append`] entries to a feed (a log named by
+//!   a table), atomically with its changes; the store gives each entry a
+//!   cursor when it commits. [`Snapshot::read_feed`] reads a feed in cursor
+//!   order from a cursor, never passing over an entry a later commit could
+//!   still add before it; [`Store::trim_feed`] removes the oldest entries.
+//!   The change feed, live events, export and re-indexing all read it.
 //!
 //! An engine operation opens one snapshot, reads everything it needs
 //! through it (as few calls as its data dependencies allow), drops it, and
@@ -40,6 +46,7 @@
 //! | scan | `… AND clus >[=] ? AND clus <[=] ? ORDER BY clus ASC/DESC LIMIT ?` | the same | the same CQL: clustering slices with `ORDER BY` and `LIMIT` are native |
 //! | `write` without guards | one transaction (group commit: one fsync for every write queued meanwhile) | one transaction | one logged batch |
 //! | `write` with guards | guards checked and ops applied in one transaction (one `SAVEPOINT` per write inside a group commit) | `SELECT … FOR UPDATE` on the guarded rows, then the ops, in one transaction; serialization failures map to [`StoreError::Conflict`] | a conditional (LWT) batch on the guarded partition, carrying the rest of the batch as an intent row, then one logged batch with the rest and the intent's removal; readers of a partition with a pending intent roll it forward |
+//! | feed | `feed(tbl, seq)`: the single writer numbers entries as it commits them, so cursors are commit order | `tarn_feed(tbl, xid, seq)`: the writing transaction's id and a sequence; read only below the oldest transaction still running (`pg_snapshot_xmin`), so a transaction that started first and commits last is never passed over | time-bucketed, sharded partitions, merged and read up to a small lag behind now |
 //!
 //! Guards are restricted to one partition because that is the largest unit
 //! Cassandra can update conditionally; keys are never empty because
@@ -240,6 +247,15 @@ pub struct Guard {
     pub expect: Expect,
 }
 
+/// An entry to add to a feed (see [`Snapshot::read_feed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Append {
+    /// The feed.
+    pub feed: Table,
+    /// The entry.
+    pub value: Vec<u8>,
+}
+
 /// A set of changes applied all or nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Batch {
@@ -247,6 +263,8 @@ pub struct Batch {
     pub ops: Vec<Op>,
     /// Conditions, all on rows of one partition of one table.
     pub guards: Vec<Guard>,
+    /// Feed entries added with the changes, in this order.
+    pub appends: Vec<Append>,
 }
 
 impl Batch {
@@ -277,9 +295,15 @@ impl Batch {
         self
     }
 
-    /// Whether the batch has no ops and no guards.
+    /// Adds a feed entry.
+    pub fn append(&mut self, feed: Table, value: Vec<u8>) -> &mut Batch {
+        self.appends.push(Append { feed, value });
+        self
+    }
+
+    /// Whether the batch has no ops, no guards and no appends.
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty() && self.guards.is_empty()
+        self.ops.is_empty() && self.guards.is_empty() && self.appends.is_empty()
     }
 
     /// Checks the limits every backend enforces: key and value sizes, and all
@@ -294,6 +318,14 @@ impl Batch {
                         value.len()
                     )));
                 }
+            }
+        }
+        for a in &self.appends {
+            if a.value.len() > MAX_VALUE_LEN {
+                return Err(StoreError::Invalid(format!(
+                    "feed entry of {} bytes exceeds {MAX_VALUE_LEN}",
+                    a.value.len()
+                )));
             }
         }
         if let Some(first) = self.guards.first() {
@@ -426,6 +458,11 @@ pub trait Store: Send + Sync + 'static {
     /// What this backend's snapshots guarantee.
     fn consistency(&self) -> Consistency;
 
+    /// Removes at most `limit` of the oldest entries of `feed`, none after
+    /// the cursor `through`; answers how many it removed (fewer than
+    /// `limit`: none is left up to `through`).
+    async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize>;
+
     /// Into how many buckets a client should split a partition that every
     /// reader shares (1: partitions may grow large; a distributed backend
     /// answers more). A layout choice, made once when a store is created.
@@ -454,6 +491,37 @@ pub trait Snapshot: Send {
     /// ascending byte order for `Forward`, starting at the lower bound, or
     /// descending for `Reverse`, starting at the upper bound).
     async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult>;
+
+    /// At most `limit` entries of `feed` whose cursors come after `after`
+    /// (from the first entry when `None`), in cursor order.
+    ///
+    /// Only entries that no write can still precede are returned: an entry
+    /// whose write commits later never gets a cursor below one already
+    /// returned (to any reader, on any node). So a reader that remembers
+    /// the last cursor it read and polls from it never misses an entry,
+    /// whatever order transactions commit in. Writes that touch a common
+    /// row have their entries in commit order; entries of independent
+    /// concurrent writes are in some serial order of them.
+    async fn read_feed(
+        &mut self,
+        feed: Table,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<Vec<FeedEntry>>;
+
+    /// A cursor at the current end of `feed`: every entry
+    /// [`Snapshot::read_feed`] could return now comes at or before it,
+    /// and every later one after it.
+    async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>>;
+}
+
+/// One entry of a feed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeedEntry {
+    /// Where the entry is: opaque, ordered bytewise, never empty.
+    pub cursor: Vec<u8>,
+    /// The entry as appended.
+    pub value: Vec<u8>,
 }
 
 /// The answers of one [`Snapshot::read`].
@@ -527,6 +595,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
     fn consistency(&self) -> Consistency {
         (**self).consistency()
+    }
+    async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
+        (**self).trim_feed(feed, through, limit).await
     }
     fn partition_split(&self) -> u32 {
         (**self).partition_split()

@@ -10,8 +10,8 @@ use std::ops::Bound;
 use std::sync::{Arc, RwLock};
 
 use crate::{
-    check_read, Batch, Consistency, Direction, Expect, Key, Op, ReadResult, Row, Scan, Snapshot,
-    Store, StoreError, StoreResult, Table,
+    check_read, Batch, Consistency, Direction, Expect, FeedEntry, Key, Op, ReadResult, Row, Scan,
+    Snapshot, Store, StoreError, StoreResult, Table,
 };
 
 /// Every version of one row: `(commit number, value and version or deleted)`,
@@ -24,6 +24,11 @@ struct State {
     rows: BTreeMap<(Table, Vec<u8>), Partition>,
     /// Number of the last commit.
     commit: u64,
+    /// Feeds: entries by sequence number, each with the commit that
+    /// added it.
+    feeds: BTreeMap<Table, BTreeMap<u64, (u64, Vec<u8>)>>,
+    /// Last sequence number given, per feed.
+    sequence: u64,
 }
 
 /// Rows in nested ordered maps: `(table, partition) -> clustering -> history`.
@@ -132,6 +137,49 @@ impl Snapshot for MemorySnapshot {
         let scans = scans.iter().map(|sc| self.scan(&s, at, sc)).collect();
         Ok(ReadResult { rows, scans })
     }
+
+    async fn read_feed(
+        &mut self,
+        feed: Table,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<Vec<FeedEntry>> {
+        let s = self.state.read().unwrap();
+        let at = *self.at.get_or_insert(s.commit);
+        let from = match after {
+            None => 0,
+            Some(c) => cursor_seq(c)? + 1,
+        };
+        let Some(entries) = s.feeds.get(&feed) else {
+            return Ok(Vec::new());
+        };
+        Ok(entries
+            .range(from..)
+            .filter(|(_, (commit, _))| *commit <= at)
+            .take(limit)
+            .map(|(seq, (_, v))| FeedEntry {
+                cursor: seq.to_be_bytes().to_vec(),
+                value: v.clone(),
+            })
+            .collect())
+    }
+
+    async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
+        let s = self.state.read().unwrap();
+        let at = *self.at.get_or_insert(s.commit);
+        let last = s
+            .feeds
+            .get(&feed)
+            .and_then(|f| f.iter().rev().find(|(_, (c, _))| *c <= at).map(|(q, _)| *q))
+            .unwrap_or(0);
+        Ok(last.to_be_bytes().to_vec())
+    }
+}
+
+fn cursor_seq(c: &[u8]) -> StoreResult<u64> {
+    c.try_into()
+        .map(u64::from_be_bytes)
+        .map_err(|_| StoreError::Invalid("not a cursor of this feed".into()))
 }
 
 #[async_trait::async_trait]
@@ -163,11 +211,19 @@ impl Store for MemoryStore {
                 return Err(StoreError::GuardFailed { guard: i });
             }
         }
-        if batch.ops.is_empty() {
+        if batch.ops.is_empty() && batch.appends.is_empty() {
             return Ok(());
         }
         let commit = now + 1;
         s.commit = commit;
+        for a in batch.appends {
+            s.sequence += 1;
+            let seq = s.sequence;
+            s.feeds
+                .entry(a.feed)
+                .or_default()
+                .insert(seq, (commit, a.value));
+        }
         for op in batch.ops {
             let (key, new) = match op {
                 Op::Put {
@@ -195,6 +251,23 @@ impl Store for MemoryStore {
 
     fn consistency(&self) -> Consistency {
         Consistency::Snapshot
+    }
+
+    async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
+        let through = cursor_seq(through)?;
+        let mut s = self.state.write().unwrap();
+        let Some(entries) = s.feeds.get_mut(&feed) else {
+            return Ok(0);
+        };
+        let gone: Vec<u64> = entries
+            .range(..=through)
+            .take(limit)
+            .map(|(q, _)| *q)
+            .collect();
+        for q in &gone {
+            entries.remove(q);
+        }
+        Ok(gone.len())
     }
 
     fn partition_split(&self) -> u32 {

@@ -235,6 +235,15 @@ impl<S: tarn_store::Store> tarn_store::Store for SlowCommits<S> {
     fn consistency(&self) -> tarn_store::Consistency {
         self.inner.consistency()
     }
+
+    async fn trim_feed(
+        &self,
+        feed: tarn_store::Table,
+        through: &[u8],
+        limit: usize,
+    ) -> tarn_store::StoreResult<usize> {
+        self.inner.trim_feed(feed, through, limit).await
+    }
 }
 
 fn slow<S: tarn_store::Store>(inner: S, seed: u64) -> Engine {

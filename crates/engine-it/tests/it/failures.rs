@@ -10,7 +10,8 @@ use std::sync::Arc;
 use serde_json::json;
 use tarn_engine::{Caller, Engine, EngineError, ListQuery, Principal};
 use tarn_store::{
-    Batch, Consistency, Key, ReadResult, Scan, Snapshot, Store, StoreError, StoreResult,
+    Batch, Consistency, FeedEntry, Key, ReadResult, Scan, Snapshot, Store, StoreError, StoreResult,
+    Table,
 };
 
 use crate::common::{self, props, sign_up};
@@ -51,6 +52,25 @@ impl Snapshot for FailingSnapshot {
         }
         self.inner.read(gets, scans).await
     }
+
+    async fn read_feed(
+        &mut self,
+        feed: Table,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<Vec<FeedEntry>> {
+        if self.mode.load(Ordering::Relaxed) == READS_FAIL {
+            return Err(failure(&self.turn));
+        }
+        self.inner.read_feed(feed, after, limit).await
+    }
+
+    async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
+        if self.mode.load(Ordering::Relaxed) == READS_FAIL {
+            return Err(failure(&self.turn));
+        }
+        self.inner.feed_end(feed).await
+    }
 }
 
 #[async_trait::async_trait]
@@ -75,6 +95,13 @@ impl Store for Failing {
 
     fn consistency(&self) -> Consistency {
         Consistency::Snapshot
+    }
+
+    async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
+        if self.mode.load(Ordering::Relaxed) == WRITES_FAIL {
+            return Err(failure(&self.turn));
+        }
+        self.inner.trim_feed(feed, through, limit).await
     }
 }
 
@@ -134,23 +161,27 @@ async fn every_store_failure_is_unavailable() {
         unavailable(
             "create item",
             m,
-            e.create_item(&session, "doc", props(json!({})), vec![]).await,
+            e.create_item(&session, "doc", props(json!({})), vec![])
+                .await,
         );
         unavailable(
             "patch",
             m,
-            e.patch_item(&session, &id, None, &json!({"a": 1}), None).await,
+            e.patch_item(&session, &id, None, &json!({"a": 1}), None)
+                .await,
         );
         unavailable("delete", m, e.delete_item(&session, &id, None).await);
         unavailable(
             "add member",
             m,
-            e.add_member(&session, "g", &Principal::User("alice".into())).await,
+            e.add_member(&session, "g", &Principal::User("alice".into()))
+                .await,
         );
         unavailable(
             "create group",
             m,
-            e.create_group(&session, "h", None, Default::default()).await,
+            e.create_group(&session, "h", None, Default::default())
+                .await,
         );
         unavailable("sign out", m, e.sign_out(&session).await);
     }

@@ -112,3 +112,68 @@ async fn bad_urls_are_refused_clearly() {
         Ok(_) => panic!("connected to nothing"),
     }
 }
+
+/// A transaction that takes its id first and commits last is never passed
+/// over by a poller: PostgreSQL's sequences and ids are not commit-ordered,
+/// so the feed is read only below the oldest transaction still running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_feed_poller_never_skips_a_late_commit() {
+    let store = PgStore::connect(&fresh_url()).await.unwrap();
+    let feed = Table::new("late");
+    let t = Table::new("late_rows");
+    let start = store
+        .snapshot()
+        .await
+        .unwrap()
+        .feed_end(feed)
+        .await
+        .unwrap();
+    // The slow one starts first (smaller transaction id, smaller sequence
+    // number) and is held open.
+    let mut slow = Batch::new();
+    slow.put(Key::new(t, b"p", b"slow"), vec![1], 1)
+        .append(feed, b"slow".to_vec());
+    let held = store.write_held(slow).await.unwrap();
+    // Others start later and commit at once.
+    for i in 0..5u8 {
+        let mut b = Batch::new();
+        b.put(Key::new(t, b"p", [i]), vec![1], 1)
+            .append(feed, vec![b'f', i]);
+        store.write(b).await.unwrap();
+    }
+    // A poller reading now sees nothing past the open transaction...
+    let mut cursor = start.clone();
+    let mut seen: Vec<Vec<u8>> = Vec::new();
+    let page = store
+        .snapshot()
+        .await
+        .unwrap()
+        .read_feed(feed, Some(&cursor), 100)
+        .await
+        .unwrap();
+    assert!(
+        page.is_empty(),
+        "entries after a transaction still running must wait for it: {page:?}"
+    );
+    // ...and once it commits, sees everything, the late one included.
+    held.commit().await.unwrap();
+    loop {
+        let page = store
+            .snapshot()
+            .await
+            .unwrap()
+            .read_feed(feed, Some(&cursor), 2)
+            .await
+            .unwrap();
+        if page.is_empty() {
+            break;
+        }
+        for e in page {
+            cursor = e.cursor;
+            seen.push(e.value);
+        }
+    }
+    assert_eq!(seen.len(), 6, "{seen:?}");
+    assert_eq!(seen[0], b"slow".to_vec(), "the first to start comes first");
+    assert!(seen.contains(&vec![b'f', 4]));
+}
