@@ -309,7 +309,7 @@ impl BodyUpload {
                     engine.bury_blob(&mut b, &old.blob);
                 }
                 engine.update_item(&mut b, &defs, &a, Some(&after));
-                engine.store().write(b).await?;
+                engine.write_changes(b).await?;
                 Ok(ItemView {
                     item: after,
                     role: a.role,

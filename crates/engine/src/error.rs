@@ -43,6 +43,9 @@ pub enum EngineError {
     /// Over a size limit.
     #[error("{0}")]
     TooLarge(String),
+    /// A feed cursor older than the changes kept: list again.
+    #[error("{0}")]
+    Gone(String),
     /// Too many attempts; try again after `retry_after` seconds.
     #[error("{detail}")]
     RateLimited {

@@ -320,7 +320,8 @@ impl Engine {
                 schema::MARK.to_vec(),
                 1,
             );
-            self.store().write(b).await?;
+            crate::changes::record_member(&mut b, self.now(), member);
+            self.write_changes(b).await?;
             Ok(())
         })
         .await
@@ -358,7 +359,8 @@ impl Engine {
             let m = member.to_string();
             let mut b = Batch::new();
             b.delete(member_key(id, &m)).delete(membership_key(&m, id));
-            self.store().write(b).await?;
+            crate::changes::record_member(&mut b, self.now(), member);
+            self.write_changes(b).await?;
             Ok(())
         })
         .await

@@ -189,6 +189,7 @@ impl Engine {
         let key = schema::item_key(&before.item.id);
         b.guard(key.clone(), Expect::Version(before.rev));
         defs.apply_diff(b, Some((&before.item, before.stamp)), after, self.split());
+        crate::changes::record_item(b, self.now(), Some(&before.item), after);
         match after {
             Some(item) => {
                 let row = ItemRow {
@@ -300,7 +301,8 @@ impl Engine {
                 stamp: defs.version,
             };
             b.put(schema::item_key(&id), schema::encode(&row), 1);
-            self.store().write(b).await?;
+            crate::changes::record_item(&mut b, now, None, Some(&item));
+            self.write_changes(b).await?;
             Ok(ItemView {
                 item,
                 role: Role::Manager,
@@ -365,7 +367,7 @@ impl Engine {
             after.modified_at = self.next_modified(&a.item);
             let mut b = Batch::new();
             self.update_item(&mut b, &defs, &a, Some(&after));
-            self.store().write(b).await?;
+            self.write_changes(b).await?;
             Ok(ItemView {
                 item: after,
                 role: a.role,
@@ -414,7 +416,7 @@ impl Engine {
             after.modified_at = self.next_modified(&a.item);
             let mut b = Batch::new();
             self.update_item(&mut b, &defs, &a, Some(&after));
-            self.store().write(b).await?;
+            self.write_changes(b).await?;
             let role = if actor.admin {
                 Role::Manager
             } else {
@@ -460,7 +462,7 @@ impl Engine {
                 self.bury_blob(&mut b, &body.blob);
             }
             self.update_item(&mut b, &defs, &a, None);
-            self.store().write(b).await?;
+            self.write_changes(b).await?;
             Ok(())
         })
         .await

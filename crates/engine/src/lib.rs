@@ -21,6 +21,7 @@
 
 mod actor;
 mod bodies;
+mod changes;
 mod error;
 mod groups;
 pub mod indexes;
@@ -37,9 +38,10 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tarn_store::{Snapshot, Store};
+use tarn_store::{Batch, Snapshot, Store};
 
 pub use bodies::{BodyRange, BodyReader, BodyUpload};
+pub use changes::{Change, ChangeOp, ChangePage, Event, Subscription, POLL};
 pub use error::{EngineError, Result};
 pub use groups::MemberPage;
 pub use indexes::{IndexDef, IndexState, SortField};
@@ -120,8 +122,15 @@ pub struct EngineConfig {
     /// downloads that started before the change finish.
     pub body_grace: Duration,
     /// How often a node looks for bodies whose grace is over (and uploads
-    /// abandoned by a node that stopped) to remove their bytes.
+    /// abandoned by a node that stopped) to remove their bytes, and for
+    /// changes older than the retention.
     pub sweep_every: Duration,
+    /// How long changes are kept for `/changes` and `/events`.
+    pub feed_retention: Duration,
+    /// Event streams open at once on one node.
+    pub max_streams: usize,
+    /// Event streams one user may hold open at once on one node.
+    pub max_streams_per_user: usize,
     /// Source of timestamps.
     pub clock: Clock,
 }
@@ -140,6 +149,9 @@ impl Default for EngineConfig {
             groups_per_hour: 100,
             body_grace: Duration::from_secs(6 * 3600),
             sweep_every: Duration::from_secs(60),
+            feed_retention: Duration::from_secs(7 * 24 * 3600),
+            max_streams: 10_000,
+            max_streams_per_user: 16,
             clock: Clock::System,
         }
     }
@@ -166,6 +178,10 @@ struct Inner {
     hashing: tokio::sync::Semaphore,
     /// Callers waiting for a hasher, to bound that queue.
     hash_waiting: AtomicUsize,
+    /// The node's change hub.
+    hub: changes::Hub,
+    /// Whether the hub's task runs.
+    hub_started: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -183,6 +199,8 @@ impl Engine {
                 retries: AtomicU64::new(0),
                 hashing: tokio::sync::Semaphore::new(hashers),
                 hash_waiting: AtomicUsize::new(0),
+                hub: changes::Hub::new(),
+                hub_started: Default::default(),
             }),
         }
     }
@@ -214,6 +232,13 @@ impl Engine {
         self.inner.id
     }
 
+    /// Writes a batch that records changes, and wakes this node's hub.
+    pub(crate) async fn write_changes(&self, b: Batch) -> Result<()> {
+        self.inner.store.write(b).await?;
+        self.inner.hub.nudge();
+        Ok(())
+    }
+
     /// A read snapshot of the store: every read of an operation goes
     /// through one, dropped before the operation writes.
     pub(crate) async fn snapshot(&self) -> Result<Box<dyn Snapshot>> {
@@ -226,6 +251,7 @@ impl Engine {
         self.check_layout().await?;
         self.resume_index_work().await?;
         self.resume_sweeps();
+        self.resume_trims();
         Ok(())
     }
 

@@ -1,6 +1,7 @@
 //! The engine's integration tests: one binary, a module per feature.
 
 mod builds;
+mod changes;
 mod common;
 mod cost;
 mod failures;

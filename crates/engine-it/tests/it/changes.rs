@@ -1,0 +1,384 @@
+//! The change feed and live subscriptions: what each caller sees, in commit
+//! order, exactly once, across membership changes, lag and retention.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tarn_engine::{
+    Caller, ChangeOp, Engine, EngineConfig, EngineError, Event, Grant, Principal, Role,
+    Subscription,
+};
+
+use crate::common::{self, props, sign_up};
+
+fn share(p: Principal) -> Vec<Grant> {
+    vec![Grant {
+        principal: p,
+        role: Role::Viewer,
+    }]
+}
+
+fn user(n: &str) -> Principal {
+    Principal::User(n.into())
+}
+
+/// The next event within a generous time, or a failure saying what was
+/// awaited.
+async fn next(sub: &mut Subscription, what: &str) -> Event {
+    match tokio::time::timeout(Duration::from_secs(10), sub.next()).await {
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => panic!("{what}: {e:?}"),
+        Err(_) => panic!("{what}: no event"),
+    }
+}
+
+async fn no_event(sub: &mut Subscription) {
+    if let Ok(e) = tokio::time::timeout(Duration::from_millis(400), sub.next()).await {
+        panic!("expected nothing, got {e:?}");
+    }
+}
+
+fn put_of(e: Event) -> String {
+    match e {
+        Event::Change(c) if c.op == ChangeOp::Put => c.id.clone(),
+        other => panic!("expected a put, got {other:?}"),
+    }
+}
+
+fn remove_of(e: Event) -> String {
+    match e {
+        Event::Change(c) if c.op == ChangeOp::Remove => {
+            assert!(c.item.is_none(), "a remove says nothing of the item");
+            c.id.clone()
+        }
+        other => panic!("expected a remove, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulls_show_each_caller_what_they_may_read() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    let cat = sign_up(&e, "cat").await;
+    let start = e.changes(&bob, None, None, 50).await.unwrap();
+    assert!(start.changes.is_empty(), "without since: the current end");
+    let a = e
+        .create_item(&ann, "doc", props(json!({"t": 1})), share(user("bob")))
+        .await
+        .unwrap()
+        .item
+        .id;
+    let b = e
+        .create_item(&ann, "note", props(json!({})), share(Principal::Everyone))
+        .await
+        .unwrap()
+        .item
+        .id;
+    e.patch_item(&ann, &a, None, &json!({"t": 2}), None)
+        .await
+        .unwrap();
+    // Unshared from bob, then deleted.
+    e.set_acl(
+        &ann,
+        &a,
+        vec![Grant {
+            principal: user("ann"),
+            role: Role::Manager,
+        }],
+        None,
+    )
+    .await
+    .unwrap();
+    e.delete_item(&ann, &b, None).await.unwrap();
+    let page = e.changes(&bob, Some(&start.next), None, 50).await.unwrap();
+    let seen: Vec<(ChangeOp, String, u64)> = page
+        .changes
+        .iter()
+        .map(|c| (c.op, c.id.clone(), c.version))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (ChangeOp::Put, a.clone(), 1),
+            (ChangeOp::Put, b.clone(), 1),
+            (ChangeOp::Put, a.clone(), 2),
+            (ChangeOp::Remove, a.clone(), 3),
+            (ChangeOp::Remove, b.clone(), 1),
+        ]
+    );
+    let put = page.changes[2].item.as_ref().unwrap();
+    assert_eq!(
+        put.item.properties["t"], 2,
+        "a put carries the item at its version"
+    );
+    assert_eq!(put.role, Role::Viewer);
+    // Paging: the same changes two at a time, and caught up at the end.
+    let mut cursor = start.next.clone();
+    let mut paged = Vec::new();
+    loop {
+        let p = e.changes(&bob, Some(&cursor), None, 2).await.unwrap();
+        paged.extend(p.changes.iter().map(|c| c.cursor.clone()));
+        cursor = p.next;
+        if p.changes.len() < 2 {
+            break;
+        }
+    }
+    let all: Vec<String> = page.changes.iter().map(|c| c.cursor.clone()).collect();
+    assert_eq!(paged, all);
+    // A kind filter, and a stranger, and anonymous.
+    let notes = e
+        .changes(&bob, Some(&start.next), Some("note"), 50)
+        .await
+        .unwrap();
+    assert_eq!(notes.changes.len(), 2);
+    let cat_sees = e.changes(&cat, Some(&start.next), None, 50).await.unwrap();
+    assert_eq!(
+        cat_sees.changes.len(),
+        2,
+        "only the public item: {cat_sees:?}"
+    );
+    let anon = e
+        .changes(&Caller::Anonymous, Some(&start.next), None, 50)
+        .await
+        .unwrap();
+    assert_eq!(anon.changes.len(), 2);
+    for bad in ["", "!!", "AQ", "x".repeat(500).as_str(), "AAAA"] {
+        assert!(
+            matches!(
+                e.changes(&bob, Some(bad), None, 50).await,
+                Err(EngineError::InvalidInput(_))
+            ),
+            "{bad:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_follow_memberships() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    e.create_group(&ann, "room", None, Default::default())
+        .await
+        .unwrap();
+    let mut sub = e.subscribe(&bob, None, Some("message")).await.unwrap();
+    // Not yet a member: nothing.
+    e.create_item(
+        &ann,
+        "message",
+        props(json!({})),
+        share(Principal::Group("room".into())),
+    )
+    .await
+    .unwrap();
+    no_event(&mut sub).await;
+    // Joining: a resync, then the room's messages.
+    e.add_member(&ann, "room", &user("bob")).await.unwrap();
+    assert!(matches!(next(&mut sub, "join").await, Event::Resync));
+    let m = e
+        .create_item(
+            &ann,
+            "message",
+            props(json!({"text": "hi"})),
+            share(Principal::Group("room".into())),
+        )
+        .await
+        .unwrap()
+        .item
+        .id;
+    assert_eq!(put_of(next(&mut sub, "message").await), m);
+    // Other kinds are filtered out.
+    e.create_item(&ann, "doc", props(json!({})), share(user("bob")))
+        .await
+        .unwrap();
+    no_event(&mut sub).await;
+    // Leaving: a resync, then nothing more from the room.
+    e.remove_member(&bob, "room", &user("bob")).await.unwrap();
+    assert!(matches!(next(&mut sub, "leave").await, Event::Resync));
+    e.create_item(
+        &ann,
+        "message",
+        props(json!({})),
+        share(Principal::Group("room".into())),
+    )
+    .await
+    .unwrap();
+    no_event(&mut sub).await;
+    // Nesting a group bob is in under the room reaches him too.
+    e.create_group(&bob, "team", None, Default::default())
+        .await
+        .unwrap();
+    e.add_member(&bob, "team", &user("bob")).await.unwrap();
+    assert!(matches!(next(&mut sub, "team").await, Event::Resync));
+    e.add_member(&ann, "room", &Principal::Group("team".into()))
+        .await
+        .unwrap();
+    assert!(matches!(next(&mut sub, "nested").await, Event::Resync));
+    let m2 = e
+        .create_item(
+            &ann,
+            "message",
+            props(json!({})),
+            share(Principal::Group("room".into())),
+        )
+        .await
+        .unwrap()
+        .item
+        .id;
+    assert_eq!(put_of(next(&mut sub, "nested message").await), m2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_from_a_cursor_misses_nothing() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    let start = e.changes(&bob, None, None, 1).await.unwrap().next;
+    let mut made = Vec::new();
+    for i in 0..5 {
+        made.push(
+            e.create_item(&ann, "doc", props(json!({ "i": i })), share(user("bob")))
+                .await
+                .unwrap()
+                .item
+                .id,
+        );
+    }
+    let mut sub = e.subscribe(&bob, Some(&start), None).await.unwrap();
+    for i in 5..8 {
+        made.push(
+            e.create_item(&ann, "doc", props(json!({ "i": i })), share(user("bob")))
+                .await
+                .unwrap()
+                .item
+                .id,
+        );
+    }
+    let mut got = Vec::new();
+    for _ in 0..8 {
+        got.push(put_of(next(&mut sub, "replay then live").await));
+    }
+    assert_eq!(got, made, "every change once, in commit order");
+    no_event(&mut sub).await;
+    // Removal when the item is deleted.
+    e.delete_item(&ann, &made[0], None).await.unwrap();
+    assert_eq!(remove_of(next(&mut sub, "delete").await), made[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_subscriber_catches_up_from_the_store() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    let mut sub = e.subscribe(&bob, None, None).await.unwrap();
+    // Far more changes than the shared channel holds, while bob reads
+    // nothing.
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let (e, ann) = (e.clone(), ann.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..1500 {
+                let v = e
+                    .create_item(
+                        &ann,
+                        "doc",
+                        props(json!({ "w": w, "i": i })),
+                        share(user("bob")),
+                    )
+                    .await
+                    .unwrap();
+                ids.push(v.item.id);
+            }
+            ids
+        }));
+    }
+    let mut made = std::collections::HashSet::new();
+    for t in tasks {
+        made.extend(t.await.unwrap());
+    }
+    let mut got = Vec::new();
+    while got.len() < made.len() {
+        got.push(put_of(next(&mut sub, "catching up").await));
+    }
+    let unique: std::collections::HashSet<String> = got.iter().cloned().collect();
+    assert_eq!(unique.len(), got.len(), "no change twice");
+    assert_eq!(unique, made, "no change missed");
+    no_event(&mut sub).await;
+}
+
+#[tokio::test]
+async fn old_cursors_are_gone_and_streams_are_limited() {
+    let e = Engine::new(
+        Arc::new(tarn_store::memory::MemoryStore::new()),
+        EngineConfig {
+            feed_retention: Duration::from_millis(50),
+            max_streams_per_user: 2,
+            ..common::config()
+        },
+    );
+    let ann = sign_up(&e, "ann").await;
+    let start = e.changes(&ann, None, None, 1).await.unwrap().next;
+    for _ in 0..5 {
+        e.create_item(&ann, "doc", props(json!({})), vec![])
+            .await
+            .unwrap();
+    }
+    // The stepping clock moves a millisecond a reading: after a hundred
+    // more writes, the first five are old.
+    for _ in 0..100 {
+        e.create_group(
+            &common::admin(),
+            &format!("g{}", rand_suffix()),
+            None,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    }
+    assert!(e.trim_changes().await.unwrap() >= 5);
+    assert!(matches!(
+        e.changes(&ann, Some(&start), None, 10).await,
+        Err(EngineError::Gone(_))
+    ));
+    let mut sub = e.subscribe(&ann, Some(&start), None).await.unwrap();
+    assert!(matches!(next(&mut sub, "too old").await, Event::Resync));
+    let _second = e.subscribe(&ann, None, None).await.unwrap();
+    assert!(matches!(
+        e.subscribe(&ann, None, None).await,
+        Err(EngineError::RateLimited { .. })
+    ));
+    drop(sub);
+    e.subscribe(&ann, None, None)
+        .await
+        .expect("a closed stream frees its place");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_on_sqlite_and_a_second_node() {
+    // Two engines on one SQLite store stand for two nodes: a change written
+    // through one reaches the other's subscribers.
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn tarn_store::Store> =
+        Arc::new(tarn_store_sqlite::SqliteStore::open(dir.path()).unwrap());
+    let a = common::engine(store.clone());
+    let b = common::engine(store);
+    let ann = sign_up(&a, "ann").await;
+    let bob = sign_up(&a, "bob").await;
+    let mut sub = b.subscribe(&bob, None, None).await.unwrap();
+    let id = a
+        .create_item(&ann, "doc", props(json!({})), share(user("bob")))
+        .await
+        .unwrap()
+        .item
+        .id;
+    assert_eq!(put_of(next(&mut sub, "from the other node").await), id);
+}
+
+fn rand_suffix() -> u64 {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).unwrap();
+    u64::from_le_bytes(b)
+}

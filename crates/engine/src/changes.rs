@@ -1,0 +1,684 @@
+//! The change feed: every item write and membership change appends an entry
+//! to the store's `changes` feed in the same atomic write, and callers read
+//! it back in commit order, filtered to what they may read.
+//!
+//! - [`Engine::changes`] pulls a bounded page from a cursor.
+//! - Each serving node runs one *hub*: a single task that reads the feed
+//!   from the store (woken at once by this node's own writes, and every
+//!   [`POLL`] otherwise, so changes committed on other nodes arrive too) and
+//!   broadcasts entries to this node's subscribers through one bounded
+//!   channel. A [`Subscription`] filters them by intersecting each change's
+//!   readers with the subscriber's principals. A subscriber that falls behind
+//!   the channel does not grow any buffer: it catches up by pulling from the
+//!   store, from its own last cursor, then listens again.
+//! - An entry names the principals that could read the item before and
+//!   after the write, and the item as it is after it; a membership entry
+//!   names the principal whose groups changed, so a subscriber among them
+//!   reads its principals again and tells its client to resync.
+//! - Entries older than the retention are trimmed in bounded batches; a
+//!   cursor older than the last trimmed entry is answered [`EngineError::Gone`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tarn_store::{Batch, FeedEntry, Key, Snapshot, SnapshotExt, Table};
+use tokio::sync::{broadcast, Notify};
+
+use crate::actor::Actor;
+use crate::error::{EngineError, Result};
+use crate::schema::{self, META};
+use crate::{b64, unb64, Caller, Engine, Item, ItemView, Principal, Role};
+
+/// The feed every change goes to.
+pub(crate) const CHANGES: Table = Table::new("changes");
+/// How often a hub reads the feed when nothing on its own node woke it.
+pub const POLL: Duration = Duration::from_millis(200);
+/// Entries a hub or a pull reads per store call.
+const READ_BATCH: usize = 256;
+/// Entries one pull looks at, at most, however few the caller may see.
+const PULL_BUDGET: usize = 10_000;
+/// Entries the hub's channel holds for slow subscribers.
+const CHANNEL: usize = 4096;
+/// Stripes of the per-user stream counts.
+const STRIPES: usize = 64;
+
+/// One entry of the `changes` feed as stored.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct ChangeRow {
+    /// When, microseconds since the epoch.
+    pub at: i64,
+    /// What changed.
+    #[serde(flatten)]
+    pub what: What,
+}
+
+/// What a change entry records.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "lowercase")]
+pub(crate) enum What {
+    /// An item was created, changed or deleted.
+    Item {
+        /// The item id.
+        id: String,
+        /// Its kind.
+        kind: String,
+        /// Its version after the change (before it, for a delete).
+        version: u64,
+        /// Who could read it before.
+        before: Vec<Principal>,
+        /// Who can read it after.
+        after: Vec<Principal>,
+        /// The item after the change; `None` once deleted.
+        item: Option<Box<Item>>,
+    },
+    /// The groups of a principal changed (it joined or left a group, or a
+    /// group it is in was nested or unnested).
+    Member {
+        /// The principal, `user:<name>` or `group:<id>`.
+        principal: String,
+    },
+}
+
+/// Whether a change puts an item in the caller's view or removes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeOp {
+    /// The item is readable, as it now is.
+    Put,
+    /// The item is no longer visible (deleted, unshared, or access lost).
+    Remove,
+}
+
+/// One change as one caller sees it.
+#[derive(Clone, Debug)]
+pub struct Change {
+    /// Where it is in the feed (opaque).
+    pub cursor: String,
+    /// Put or remove.
+    pub op: ChangeOp,
+    /// The item id.
+    pub id: String,
+    /// The item's kind.
+    pub kind: String,
+    /// The item's version.
+    pub version: u64,
+    /// When, microseconds since the epoch.
+    pub at: i64,
+    /// The item as the caller reads it (puts only).
+    pub item: Option<ItemView>,
+}
+
+/// A page of changes.
+#[derive(Clone, Debug)]
+pub struct ChangePage {
+    /// The changes, in commit order.
+    pub changes: Vec<Change>,
+    /// Where to read on from.
+    pub next: String,
+}
+
+/// What a subscription yields.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// A change the subscriber may see.
+    Change(Box<Change>),
+    /// The subscriber's groups changed or its cursor is too old: re-list.
+    Resync,
+}
+
+const CURSOR_VERSION: u8 = 1;
+
+fn encode_cursor(store: &[u8]) -> String {
+    let mut c = Vec::with_capacity(store.len() + 1);
+    c.push(CURSOR_VERSION);
+    c.extend_from_slice(store);
+    b64(&c)
+}
+
+/// The store's cursor inside an API cursor; malformed ones are refused.
+pub(crate) fn decode_cursor(c: &str) -> Result<Vec<u8>> {
+    let bad = || EngineError::InvalidInput("the cursor is not one of this feed".into());
+    if c.is_empty() || c.len() > 128 {
+        return Err(bad());
+    }
+    let raw = unb64(c).ok_or_else(bad)?;
+    match raw.split_first() {
+        Some((&CURSOR_VERSION, rest)) if !rest.is_empty() => Ok(rest.to_vec()),
+        _ => Err(bad()),
+    }
+}
+
+/// The row holding the cursor of the last entry trimmed away.
+fn trimmed_key() -> Key {
+    Key::new(META, b"feed".to_vec(), b"trimmed".to_vec())
+}
+
+/// Adds the change entry of an item write to `b`.
+pub(crate) fn record_item(b: &mut Batch, at: i64, before: Option<&Item>, after: Option<&Item>) {
+    let (id, kind, version) = match (before, after) {
+        (_, Some(i)) | (Some(i), None) => (i.id.clone(), i.kind.clone(), i.version),
+        (None, None) => return,
+    };
+    let readers = |i: Option<&Item>| -> Vec<Principal> {
+        i.map_or_else(Vec::new, |i| i.readers().into_iter().cloned().collect())
+    };
+    let row = ChangeRow {
+        at,
+        what: What::Item {
+            id,
+            kind,
+            version,
+            before: readers(before),
+            after: readers(after),
+            item: after.cloned().map(Box::new),
+        },
+    };
+    b.append(CHANGES, schema::encode(&row));
+}
+
+/// Adds the change entry of a membership change of `principal` to `b`.
+pub(crate) fn record_member(b: &mut Batch, at: i64, principal: &Principal) {
+    let row = ChangeRow {
+        at,
+        what: What::Member {
+            principal: principal.to_string(),
+        },
+    };
+    b.append(CHANGES, schema::encode(&row));
+}
+
+/// What `principals` see of one entry, if anything.
+fn view(entry: &FeedEntry, row: &ChangeRow, actor: &Actor, kind: Option<&str>) -> Option<Change> {
+    let What::Item {
+        id,
+        kind: item_kind,
+        version,
+        before,
+        after,
+        item,
+    } = &row.what
+    else {
+        return None;
+    };
+    if kind.is_some_and(|k| k != item_kind) {
+        return None;
+    }
+    let mine = |ps: &[Principal]| ps.iter().any(|p| actor.principals.contains(p));
+    let (was, is) = (mine(before), mine(after));
+    if !was && !is {
+        return None;
+    }
+    let item = if is {
+        item.as_ref().map(|i| {
+            let role = if actor.admin {
+                Role::Manager
+            } else {
+                i.role_of(&actor.principals).unwrap_or(Role::Viewer)
+            };
+            ItemView {
+                item: (**i).clone(),
+                role,
+            }
+        })
+    } else {
+        None
+    };
+    Some(Change {
+        cursor: encode_cursor(&entry.cursor),
+        op: if item.is_some() {
+            ChangeOp::Put
+        } else {
+            ChangeOp::Remove
+        },
+        id: id.clone(),
+        kind: item_kind.clone(),
+        version: *version,
+        at: row.at,
+        item,
+    })
+}
+
+/// Whether an entry changes the groups of one of `actor`'s principals.
+fn touches(row: &ChangeRow, actor: &Actor) -> bool {
+    match &row.what {
+        What::Member { principal } => actor.principals.iter().any(|p| p.to_string() == *principal),
+        What::Item { .. } => false,
+    }
+}
+
+fn decode_row(entry: &FeedEntry) -> Result<ChangeRow> {
+    serde_json::from_slice(&entry.value).map_err(|e| crate::error::corrupt("change", e))
+}
+
+/// One decoded feed entry, as the hub hands it to subscribers.
+#[derive(Debug)]
+pub(crate) struct HubEntry {
+    entry: FeedEntry,
+    row: ChangeRow,
+}
+
+/// The node's feed reader and its subscribers' counts.
+pub(crate) struct Hub {
+    tx: broadcast::Sender<Arc<HubEntry>>,
+    nudge: Notify,
+    streams: AtomicUsize,
+    per_user: [Mutex<HashMap<String, usize>>; STRIPES],
+    /// Entries the hub has read, for metrics.
+    read: AtomicU64,
+}
+
+impl Hub {
+    pub(crate) fn new() -> Hub {
+        let (tx, _) = broadcast::channel(CHANNEL);
+        Hub {
+            tx,
+            nudge: Notify::new(),
+            streams: AtomicUsize::new(0),
+            per_user: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            read: AtomicU64::new(0),
+        }
+    }
+
+    /// Wakes the hub: this node just wrote a change.
+    pub(crate) fn nudge(&self) {
+        self.nudge.notify_one();
+    }
+
+    fn stripe(&self, user: &str) -> &Mutex<HashMap<String, usize>> {
+        let h = crate::sha256(user.as_bytes());
+        &self.per_user[h[0] as usize % STRIPES]
+    }
+}
+
+/// A counted place in the node's and a user's stream limits; freed on drop.
+struct StreamSlot {
+    engine: Engine,
+    user: Option<String>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let hub = &self.engine.inner.hub;
+        hub.streams.fetch_sub(1, Ordering::Relaxed);
+        if let Some(u) = &self.user {
+            let mut m = hub.stripe(u).lock().expect("stripe");
+            if let Some(n) = m.get_mut(u) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(u);
+                }
+            }
+        }
+    }
+}
+
+/// A live view of the changes one caller may see.
+pub struct Subscription {
+    engine: Engine,
+    caller: Caller,
+    actor: Actor,
+    kind: Option<String>,
+    rx: broadcast::Receiver<Arc<HubEntry>>,
+    /// The cursor of the last entry handled (delivered or filtered out).
+    last: Option<Vec<u8>>,
+    /// Whether to pull from the store before listening (a start from a
+    /// cursor, or a fall-back after lagging).
+    pulling: bool,
+    pending: VecDeque<Event>,
+    /// When the caller's session was last checked.
+    checked: std::time::Instant,
+    _slot: StreamSlot,
+}
+
+impl Engine {
+    /// A page of the changes the caller may see after `since` (from the
+    /// current end without it), at most `limit`, of `kind` if given.
+    ///
+    /// Bounded: one call looks at no more than [`PULL_BUDGET`] entries;
+    /// `next` moves past every entry looked at, so nothing is skipped.
+    pub async fn changes(
+        &self,
+        caller: &Caller,
+        since: Option<&str>,
+        kind: Option<&str>,
+        limit: usize,
+    ) -> Result<ChangePage> {
+        crate::listing::check_limit(limit)?;
+        let since = since.map(decode_cursor).transpose()?;
+        if let Some(k) = kind {
+            crate::model::check_name("kind", k)?;
+        }
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            let (actor, own) = self
+                .resolve(&mut snap, caller, &[trimmed_key()], &[])
+                .await?;
+            let Some(since) = since.clone() else {
+                let end = snap.feed_end(CHANGES).await?;
+                return Ok(ChangePage {
+                    changes: Vec::new(),
+                    next: encode_cursor(&end),
+                });
+            };
+            check_not_trimmed(&own.rows[0], &since)?;
+            let mut changes = Vec::new();
+            let mut cursor = since;
+            let mut looked = 0;
+            while changes.len() < limit && looked < PULL_BUDGET {
+                let entries = snap.read_feed(CHANGES, Some(&cursor), READ_BATCH).await?;
+                let n = entries.len();
+                for entry in entries {
+                    looked += 1;
+                    let row = decode_row(&entry)?;
+                    cursor = entry.cursor.clone();
+                    if let Some(c) = view(&entry, &row, &actor, kind) {
+                        changes.push(c);
+                        if changes.len() == limit {
+                            break;
+                        }
+                    }
+                }
+                if n < READ_BATCH {
+                    break;
+                }
+            }
+            Ok(ChangePage {
+                changes,
+                next: encode_cursor(&cursor),
+            })
+        })
+        .await
+    }
+
+    /// Opens a live view of the changes the caller may see after `since`
+    /// (from now without it), of `kind` if given. Refused with
+    /// `RateLimited` past the node's or the user's limit of open streams.
+    pub async fn subscribe(
+        &self,
+        caller: &Caller,
+        since: Option<&str>,
+        kind: Option<&str>,
+    ) -> Result<Subscription> {
+        let since = since.map(decode_cursor).transpose()?;
+        if let Some(k) = kind {
+            crate::model::check_name("kind", k)?;
+        }
+        let actor = self
+            .retrying(|| async {
+                let mut snap = self.snapshot().await?;
+                Ok(self.resolve(&mut snap, caller, &[], &[]).await?.0)
+            })
+            .await?;
+        let slot = self.take_stream_slot(actor.username.as_deref())?;
+        // Listen first, then pull what came before: nothing falls between.
+        let rx = self.inner.hub.tx.subscribe();
+        self.ensure_hub();
+        let mut pending = VecDeque::new();
+        let mut last = since.clone();
+        if let Some(since) = &since {
+            let trimmed = self
+                .retrying(|| async { Ok(self.snapshot().await?.get(&trimmed_key()).await?) })
+                .await?;
+            if check_not_trimmed(&trimmed, since).is_err() {
+                pending.push_back(Event::Resync);
+                last = None;
+            }
+        }
+        Ok(Subscription {
+            engine: self.clone(),
+            caller: caller.clone(),
+            actor,
+            kind: kind.map(str::to_string),
+            rx,
+            pulling: last.is_some(),
+            last,
+            pending,
+            checked: std::time::Instant::now(),
+            _slot: slot,
+        })
+    }
+
+    fn take_stream_slot(&self, user: Option<&str>) -> Result<StreamSlot> {
+        let hub = &self.inner.hub;
+        let limits = &self.inner.config;
+        let refuse = |what: &str| EngineError::RateLimited {
+            detail: format!("too many open event streams {what}; close one first"),
+            retry_after: 5,
+        };
+        if hub.streams.fetch_add(1, Ordering::Relaxed) >= limits.max_streams {
+            hub.streams.fetch_sub(1, Ordering::Relaxed);
+            return Err(refuse("on this server"));
+        }
+        // From here the slot's drop gives the places back.
+        let mut slot = StreamSlot {
+            engine: self.clone(),
+            user: None,
+        };
+        let Some(user) = user else {
+            return Ok(slot);
+        };
+        let mut m = hub.stripe(user).lock().expect("stripe");
+        let n = m.entry(user.to_string()).or_insert(0);
+        if *n >= limits.max_streams_per_user {
+            return Err(refuse("for this user"));
+        }
+        *n += 1;
+        drop(m);
+        slot.user = Some(user.to_string());
+        Ok(slot)
+    }
+
+    /// Starts this node's hub once.
+    fn ensure_hub(&self) {
+        if self
+            .inner
+            .hub_started
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let engine = self.clone();
+        tokio::spawn(async move { engine.run_hub().await });
+    }
+
+    /// The hub: reads the feed from its end in bounded batches and hands
+    /// every entry to the subscribers, until no subscriber is left to care.
+    async fn run_hub(&self) {
+        let hub = &self.inner.hub;
+        let mut cursor = None;
+        loop {
+            let step = async {
+                let mut snap = self.snapshot().await?;
+                if cursor.is_none() {
+                    cursor = Some(snap.feed_end(CHANGES).await?);
+                }
+                loop {
+                    let entries = snap
+                        .read_feed(CHANGES, cursor.as_deref(), READ_BATCH)
+                        .await?;
+                    let n = entries.len();
+                    for entry in entries {
+                        cursor = Some(entry.cursor.clone());
+                        hub.read.fetch_add(1, Ordering::Relaxed);
+                        let row = decode_row(&entry)?;
+                        // No receiver is not an error: nobody listens now.
+                        let _ = hub.tx.send(Arc::new(HubEntry { entry, row }));
+                    }
+                    if n < READ_BATCH {
+                        return Ok::<_, EngineError>(());
+                    }
+                    // A long backlog: a fresh snapshot for each batch keeps
+                    // no transaction open for long.
+                    snap = self.snapshot().await?;
+                }
+            };
+            if let Err(e) = step.await {
+                tracing::warn!(error = %e, "the change hub will read again");
+            }
+            let _ = tokio::time::timeout(POLL, hub.nudge.notified()).await;
+        }
+    }
+
+    /// Trims the changes older than the retention, in bounded steps; the
+    /// cursor of the last entry trimmed is recorded first, so a caller
+    /// asking from before it is told to resync rather than miss changes.
+    pub async fn trim_changes(&self) -> Result<usize> {
+        let horizon = self.now() - self.config().feed_retention.as_micros() as i64;
+        let mut removed = 0;
+        loop {
+            let entries = self
+                .retrying(|| async {
+                    Ok(self
+                        .snapshot()
+                        .await?
+                        .read_feed(CHANGES, None, 1000)
+                        .await?)
+                })
+                .await?;
+            let mut through = None;
+            for e in &entries {
+                if decode_row(e)?.at >= horizon {
+                    break;
+                }
+                through = Some(e.cursor.clone());
+            }
+            let Some(through) = through else {
+                return Ok(removed);
+            };
+            let mut b = Batch::new();
+            b.put(trimmed_key(), through.clone(), 1);
+            self.retrying(|| async { Ok(self.store().write(b.clone()).await?) })
+                .await?;
+            loop {
+                let n = self
+                    .retrying(|| async {
+                        Ok(self.store().trim_feed(CHANGES, &through, 1000).await?)
+                    })
+                    .await?;
+                removed += n;
+                if n < 1000 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Starts this node's trimmer of old changes.
+    pub(crate) fn resume_trims(&self) {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = engine.trim_changes().await {
+                    tracing::warn!(error = %e, "trimming old changes will be tried again");
+                }
+                tokio::time::sleep(engine.config().sweep_every).await;
+            }
+        });
+    }
+
+    /// Entries this node's hub has read, since start.
+    pub fn hub_entries(&self) -> u64 {
+        self.inner.hub.read.load(Ordering::Relaxed)
+    }
+
+    /// Event streams open on this node.
+    pub fn open_streams(&self) -> usize {
+        self.inner.hub.streams.load(Ordering::Relaxed)
+    }
+}
+
+fn check_not_trimmed(trimmed: &Option<tarn_store::Row>, since: &[u8]) -> Result<()> {
+    match trimmed {
+        Some(t) if since < t.value.as_slice() => Err(EngineError::Gone(
+            "the cursor is older than the changes kept; list again and start from the end".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl Subscription {
+    /// The next event; waits for one.
+    pub async fn next(&mut self) -> Result<Event> {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                return Ok(e);
+            }
+            if self.checked.elapsed() > Duration::from_secs(30) {
+                // A signed-out session's stream ends within this long.
+                self.refresh().await?;
+            }
+            if self.pulling {
+                self.pull().await?;
+                continue;
+            }
+            let got = tokio::time::timeout(Duration::from_secs(30), self.rx.recv()).await;
+            match got {
+                Err(_) => continue,
+                Ok(Ok(e)) => self.take(&e.entry, &e.row).await?,
+                Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
+                    // Behind the shared channel: catch up from the store.
+                    self.rx = self.rx.resubscribe();
+                    self.pulling = true;
+                }
+                Ok(Err(broadcast::error::RecvError::Closed)) => {
+                    return Err(EngineError::Unavailable("the server is stopping".into()))
+                }
+            }
+        }
+    }
+
+    /// Handles one entry: skips what was handled, filters, notices
+    /// membership changes.
+    async fn take(&mut self, entry: &FeedEntry, row: &ChangeRow) -> Result<()> {
+        if self.last.as_ref().is_some_and(|l| entry.cursor <= *l) {
+            return Ok(());
+        }
+        self.last = Some(entry.cursor.clone());
+        if touches(row, &self.actor) {
+            self.refresh().await?;
+            self.pending.push_back(Event::Resync);
+            return Ok(());
+        }
+        if let Some(c) = view(entry, row, &self.actor, self.kind.as_deref()) {
+            self.pending.push_back(Event::Change(Box::new(c)));
+        }
+        Ok(())
+    }
+
+    /// Reads the caller's principals again (and checks the session).
+    async fn refresh(&mut self) -> Result<()> {
+        let engine = self.engine.clone();
+        let caller = self.caller.clone();
+        self.actor = engine
+            .retrying(|| async {
+                let mut snap = engine.snapshot().await?;
+                Ok(engine.resolve(&mut snap, &caller, &[], &[]).await?.0)
+            })
+            .await?;
+        self.checked = std::time::Instant::now();
+        Ok(())
+    }
+
+    /// Pulls one batch from the store after the last cursor; stops pulling
+    /// at the feed's end (the channel has the rest).
+    async fn pull(&mut self) -> Result<()> {
+        let engine = self.engine.clone();
+        let last = self.last.clone();
+        let entries = engine
+            .retrying(|| async {
+                let mut snap: Box<dyn Snapshot> = engine.snapshot().await?;
+                Ok(snap.read_feed(CHANGES, last.as_deref(), READ_BATCH).await?)
+            })
+            .await?;
+        if entries.len() < READ_BATCH {
+            self.pulling = false;
+        }
+        for entry in entries {
+            let row = decode_row(&entry)?;
+            self.take(&entry, &row).await?;
+        }
+        Ok(())
+    }
+}
