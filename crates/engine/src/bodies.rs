@@ -43,6 +43,8 @@ pub struct BodyUpload {
     pending: Key,
     content_type: String,
     buf: Vec<u8>,
+    /// The first bytes of a textual body, for text indexes on `$body`.
+    text: Option<Vec<u8>>,
     next_chunk: u64,
     size: u64,
     hasher: sha2::Sha256,
@@ -117,6 +119,7 @@ impl Engine {
             pending,
             content_type: content_type.to_string(),
             buf: Vec::with_capacity(CHUNK * CHUNKS_PER_IO),
+            text: crate::search::is_textual(content_type).then(Vec::new),
             next_chunk: 0,
             size: 0,
             hasher: sha2::Sha256::new(),
@@ -238,6 +241,10 @@ impl BodyUpload {
             )));
         }
         self.hasher.update(data);
+        if let Some(t) = &mut self.text {
+            let room = crate::search::BODY_TEXT.saturating_sub(t.len());
+            t.extend_from_slice(&data[..room.min(data.len())]);
+        }
         self.buf.extend_from_slice(data);
         if self.buf.len() >= CHUNK * CHUNKS_PER_IO {
             self.flush(false).await?;
@@ -275,12 +282,20 @@ impl BodyUpload {
     /// item is still at `if_match` when given.
     pub async fn finish(mut self, if_match: Option<u64>) -> Result<ItemView> {
         self.flush(true).await?;
+        let (words, word_count) = match self.text.take() {
+            Some(t) => {
+                crate::text::word_counts(&String::from_utf8_lossy(&t), crate::search::BODY_WORDS)
+            }
+            None => (Vec::new(), 0),
+        };
         let meta = BodyMeta {
             size: self.size,
             content_type: self.content_type.clone(),
             sha256: hex(&std::mem::take(&mut self.hasher).finalize()),
             blob: self.blob.clone(),
             chunk: CHUNK as u32,
+            words,
+            word_count,
         };
         let engine = self.engine.clone();
         let view = engine

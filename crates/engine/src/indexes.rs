@@ -42,7 +42,7 @@
 //! `_mine_kind` (`where kind, createdBy`), both sorted by `modifiedAt`.
 
 use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -99,7 +99,31 @@ pub struct IndexDef {
     /// whose stamp is below it have no rows in it yet.
     #[serde(default)]
     pub since: u64,
+    /// The fields whose words a text index makes searchable (empty: a sort
+    /// index).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub text: Vec<TextField>,
+    /// The stemmer of a text index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
 }
+
+/// One field of a text index.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TextField {
+    /// A dot path into properties (strings or arrays of strings), or
+    /// `$body` for a textual body.
+    pub field: String,
+    /// How much its words count, positive; default 1.
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl Eq for TextField {}
 
 const MAX_FIELDS: usize = 8;
 /// Items read per batch of a build.
@@ -122,6 +146,8 @@ pub(crate) fn builtins() -> Vec<IndexDef> {
         state: IndexState::Ready,
         uid: name.into(),
         since: 0,
+        text: Vec::new(),
+        language: None,
     };
     vec![
         def("_kind", &["kind"]),
@@ -206,10 +232,23 @@ impl IndexDef {
         c
     }
 
-    /// Every row of this index for `item`.
-    pub(crate) fn rows(&self, item: &Item, split: u32) -> Vec<Key> {
+    /// Whether this is a text index.
+    pub fn is_text(&self) -> bool {
+        !self.text.is_empty()
+    }
+
+    /// The where-values of an item, in `where_` order.
+    pub(crate) fn where_values(&self, item: &Item) -> Vec<Option<serde_json::Value>> {
+        self.where_.iter().map(|f| item.field(f)).collect()
+    }
+
+    /// Every row of this index for `item`, with its value.
+    pub(crate) fn rows(&self, item: &Item, split: u32) -> Vec<(Key, Vec<u8>)> {
         if !self.covers(&item.kind) {
             return Vec::new();
+        }
+        if self.is_text() {
+            return crate::search::text_rows(self, item, split);
         }
         let values: Vec<Option<serde_json::Value>> =
             self.where_.iter().map(|f| item.field(f)).collect();
@@ -218,7 +257,10 @@ impl IndexDef {
         let bucket = bucket_of(&item.id, split);
         item.readers()
             .into_iter()
-            .map(|p| Key::new(INDEX, self.partition(p, bucket, &refs), clustering.clone()))
+            .map(|p| {
+                let key = Key::new(INDEX, self.partition(p, bucket, &refs), clustering.clone());
+                (key, item.id.as_bytes().to_vec())
+            })
             .collect()
     }
 }
@@ -244,10 +286,10 @@ thread_local! {
 }
 
 impl Defs {
-    /// The rows an item written at `stamp` holds: those of every index
-    /// declared at or before its stamp and not yet gone.
-    pub(crate) fn rows_at(&self, item: &Item, stamp: u64, split: u32) -> BTreeSet<Key> {
-        let mut out = BTreeSet::new();
+    /// The rows an item written at `stamp` holds, with their values: those
+    /// of every index declared at or before its stamp and not yet gone.
+    pub(crate) fn rows_at(&self, item: &Item, stamp: u64, split: u32) -> BTreeMap<Key, Vec<u8>> {
+        let mut out = BTreeMap::new();
         for d in self.defs.iter().filter(|d| d.since <= stamp) {
             out.extend(d.rows(item, split));
         }
@@ -255,8 +297,8 @@ impl Defs {
     }
 
     /// The rows an item written now must hold: every live index's.
-    pub(crate) fn rows_now(&self, item: &Item, split: u32) -> BTreeSet<Key> {
-        let mut out = BTreeSet::new();
+    pub(crate) fn rows_now(&self, item: &Item, split: u32) -> BTreeMap<Key, Vec<u8>> {
+        let mut out = BTreeMap::new();
         for d in self.defs.iter().filter(|d| d.state != IndexState::Dropping) {
             out.extend(d.rows(item, split));
         }
@@ -264,8 +306,8 @@ impl Defs {
     }
 
     /// Adds to `b` the changes that turn the rows of `before` (written at
-    /// `stamp`) into those of `after` written now: rows in both are left
-    /// alone.
+    /// `stamp`) into those of `after` written now: rows in both, with the
+    /// same value, are left alone.
     pub(crate) fn apply_diff(
         &self,
         b: &mut Batch,
@@ -273,14 +315,16 @@ impl Defs {
         after: Option<&Item>,
         split: u32,
     ) {
-        let old = before.map_or_else(BTreeSet::new, |(i, s)| self.rows_at(i, s, split));
-        let new = after.map_or_else(BTreeSet::new, |i| self.rows_now(i, split));
-        for k in old.difference(&new) {
-            b.delete(k.clone());
+        let old = before.map_or_else(BTreeMap::new, |(i, s)| self.rows_at(i, s, split));
+        let new = after.map_or_else(BTreeMap::new, |i| self.rows_now(i, split));
+        for k in old.keys() {
+            if !new.contains_key(k) {
+                b.delete(k.clone());
+            }
         }
-        if let Some(item) = after {
-            for k in new.difference(&old) {
-                b.put(k.clone(), item.id.as_bytes().to_vec(), 1);
+        for (k, v) in new {
+            if old.get(&k) != Some(&v) {
+                b.put(k, v, 1);
             }
         }
     }
@@ -366,6 +410,72 @@ impl Engine {
         where_: Vec<String>,
         sort: Vec<SortField>,
     ) -> Result<(IndexDef, bool)> {
+        self.declare(caller, name, kind, where_, sort, Vec::new(), None)
+            .await
+    }
+
+    /// Declares a text index (administrators): the words of `text` fields
+    /// searchable, stemmed for `language` (default `english`). Answers as
+    /// [`Engine::declare_index`].
+    pub async fn declare_text_index(
+        &self,
+        caller: &Caller,
+        name: &str,
+        kind: &str,
+        where_: Vec<String>,
+        text: Vec<TextField>,
+        language: Option<String>,
+    ) -> Result<(IndexDef, bool)> {
+        if text.is_empty() {
+            return Err(EngineError::InvalidInput(
+                "a text index names at least one text field".into(),
+            ));
+        }
+        if text.len() > MAX_FIELDS {
+            return Err(EngineError::InvalidInput(format!(
+                "a text index has at most {MAX_FIELDS} text fields"
+            )));
+        }
+        let mut seen = BTreeSet::new();
+        for t in &text {
+            if t.field != "$body" {
+                check_field(&t.field)?;
+            }
+            if !(t.weight.is_finite() && t.weight > 0.0 && t.weight <= 100.0) {
+                return Err(EngineError::InvalidInput(format!(
+                    "the weight of {} is a number above 0 and at most 100",
+                    t.field
+                )));
+            }
+            if !seen.insert(t.field.as_str()) {
+                return Err(EngineError::InvalidInput(format!(
+                    "text field {} is named twice",
+                    t.field
+                )));
+            }
+        }
+        let language = language.unwrap_or_else(|| "english".into());
+        if !crate::text::is_language(&language) {
+            return Err(EngineError::InvalidInput(format!(
+                "language {language:?} is not one of {}",
+                crate::text::LANGUAGES.join(", ")
+            )));
+        }
+        self.declare(caller, name, kind, where_, Vec::new(), text, Some(language))
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn declare(
+        &self,
+        caller: &Caller,
+        name: &str,
+        kind: &str,
+        where_: Vec<String>,
+        sort: Vec<SortField>,
+        text: Vec<TextField>,
+        language: Option<String>,
+    ) -> Result<(IndexDef, bool)> {
         check_name("index name", name)?;
         check_name("kind", kind)?;
         if where_.len() + sort.len() > MAX_FIELDS {
@@ -394,7 +504,9 @@ impl Engine {
                 if let Some(old) = defs.get(name) {
                     let same = old.kind.as_deref() == Some(kind)
                         && old.where_ == where_
-                        && old.sort == sort;
+                        && old.sort == sort
+                        && old.text == text
+                        && old.language == language;
                     if same && old.state != IndexState::Dropping {
                         return Ok((old.clone(), false));
                     }
@@ -415,6 +527,8 @@ impl Engine {
                     state: IndexState::Building,
                     uid: b64(&random_bytes::<9>()),
                     since: defs.version + 1,
+                    text: text.clone(),
+                    language: language.clone(),
                 };
                 let mut b = Batch::new();
                 b.put(schema::def_key(name), schema::encode(&def), 1);
@@ -622,7 +736,7 @@ impl Engine {
         let mut pending = Batch::new();
         let mut batches = Vec::new();
         self.for_each_item(&kind, |row| {
-            for k in def.rows(&row.item, split) {
+            for (k, _) in def.rows(&row.item, split) {
                 pending.delete(k);
             }
             if pending.ops.len() >= 1000 {

@@ -106,6 +106,57 @@ pub fn encode_str(out: &mut Vec<u8>, s: &str) {
     encode_str_body(out, s.as_bytes());
 }
 
+/// Decodes a string written by [`encode_str`] at the start of `bytes`:
+/// the string and how many bytes it took; `None` if malformed.
+pub fn decode_str(bytes: &[u8]) -> Option<(String, usize)> {
+    if bytes.first() != Some(&STRING) {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut i = 1;
+    while i < bytes.len() {
+        match (bytes[i], bytes.get(i + 1)) {
+            (0, Some(0xFF)) => {
+                out.push(0);
+                i += 2;
+            }
+            (0, Some(0x01)) => return String::from_utf8(out).ok().map(|s| (s, i + 2)),
+            (0, _) => return None,
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    None
+}
+
+/// The encoding of strings starting with `prefix`: every [`encode_str`] of
+/// such a string starts with these bytes.
+pub fn encoded_prefix(prefix: &str) -> Vec<u8> {
+    let mut out = vec![STRING];
+    for &b in prefix.as_bytes() {
+        out.push(b);
+        if b == 0 {
+            out.push(0xFF);
+        }
+    }
+    out
+}
+
+/// The smallest byte string greater than every string that starts with
+/// `prefix`, if there is one.
+pub fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut s = prefix.to_vec();
+    while let Some(last) = s.pop() {
+        if last < 0xFF {
+            s.push(last + 1);
+            return Some(s);
+        }
+    }
+    None
+}
+
 fn encode_str_body(out: &mut Vec<u8>, bytes: &[u8]) {
     for &b in bytes {
         out.push(b);
@@ -263,6 +314,28 @@ mod tests {
         assert_eq!(w(&long_a), w(&long_a.clone()));
         assert_eq!(w("short"), e("short"));
         assert_eq!(prefix("aé", 2), "a", "cut at a character boundary");
+    }
+
+    #[test]
+    fn strings_decode_and_prefixes_bound() {
+        for s in ["", "a", "a\0b", "é\0\0", "zz"] {
+            let mut e = Vec::new();
+            encode_str(&mut e, s);
+            e.extend_from_slice(b"rest");
+            assert_eq!(decode_str(&e), Some((s.to_string(), e.len() - 4)));
+            assert!(e.starts_with(&encoded_prefix(s)));
+        }
+        let mut e = Vec::new();
+        encode_str(&mut e, "brewing");
+        let p = encoded_prefix("brew");
+        assert!(e.starts_with(&p));
+        assert!(e < successor(&p).unwrap());
+        let mut other = Vec::new();
+        encode_str(&mut other, "brex");
+        assert!(other >= successor(&p).unwrap());
+        assert_eq!(successor(&[0x01, 0xFF]), Some(vec![0x02]));
+        assert_eq!(successor(&[0xFF]), None);
+        assert_eq!(decode_str(b"\x05ab"), None);
     }
 
     #[test]

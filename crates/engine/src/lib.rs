@@ -30,6 +30,8 @@ pub mod keys;
 pub mod listing;
 mod model;
 mod schema;
+mod search;
+pub mod text;
 mod throttle;
 mod users;
 
@@ -44,12 +46,13 @@ pub use bodies::{BodyRange, BodyReader, BodyUpload};
 pub use changes::{Change, ChangeOp, ChangePage, Event, Subscription, POLL};
 pub use error::{EngineError, Result};
 pub use groups::MemberPage;
-pub use indexes::{IndexDef, IndexState, SortField};
+pub use indexes::{IndexDef, IndexState, SortField, TextField};
 pub use keys::Order;
 pub use listing::{ListQuery, Page, Scope};
 pub use model::{
     is_valid_name, merge_patch, BodyMeta, Grant, Group, Item, ItemView, Principal, Role, User,
 };
+pub use search::{Hit, SearchPage, SearchQuery, MAX_QUERY, MAX_WORDS};
 pub use throttle::{ADDRESS_FAILURES, PAIR_FAILURES};
 pub use users::{Me, NewUser, PasswordCost};
 

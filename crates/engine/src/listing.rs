@@ -126,9 +126,16 @@ fn decode_cursor(cursor: &str, index: &str, direction: Direction) -> Result<Vec<
     Ok(c[3 + n..].to_vec())
 }
 
-/// One partition read by a listing.
+/// One partition (or one clustering range of one) read by a merge.
 struct Source {
     partition: Vec<u8>,
+    /// The range of clustering keys the source covers.
+    lower: Bound<Vec<u8>>,
+    upper: Bound<Vec<u8>>,
+    /// Bytes at the start of every key of the source that take no part in
+    /// ordering (a text index's term: rows of several terms merge by what
+    /// follows it).
+    strip: usize,
     /// Rows read and not yet merged, in merge order.
     buf: std::collections::VecDeque<Row>,
     /// The last clustering key read: the next read starts after it.
@@ -171,6 +178,10 @@ impl Ord for Head {
     }
 }
 
+/// A clustering range of one partition: partition, lower and upper bound,
+/// and how many leading bytes of its keys take no part in ordering.
+pub(crate) type Range = (Vec<u8>, Bound<Vec<u8>>, Bound<Vec<u8>>, usize);
+
 /// A lazy k-way merge of sorted partitions that asks for more rows of a
 /// partition only when it needs them (see the module's documentation).
 pub(crate) struct Merge {
@@ -178,7 +189,10 @@ pub(crate) struct Merge {
     direction: Direction,
     /// Where the previous page ended.
     after: Option<Vec<u8>>,
+    /// Rows merged so far that the merge is to reach.
     want: usize,
+    /// Rows merged so far (drained or not).
+    merged: usize,
     sources: Vec<Source>,
     heads: BinaryHeap<Head>,
     /// Sources whose rows read are all merged but that may have more.
@@ -186,6 +200,8 @@ pub(crate) struct Merge {
     /// Sources with a read in flight.
     reading: Vec<usize>,
     out: Vec<Row>,
+    /// The ordering key of the last row merged, to drop duplicates.
+    last_key: Option<Vec<u8>>,
 }
 
 /// What the merge needs next.
@@ -208,11 +224,13 @@ impl Merge {
             direction,
             after,
             want,
+            merged: 0,
             sources: Vec::new(),
             heads: BinaryHeap::new(),
             pending: Vec::new(),
             reading: Vec::new(),
-            out: Vec::with_capacity(want),
+            out: Vec::with_capacity(want.min(1024)),
+            last_key: None,
         }
     }
 
@@ -229,20 +247,37 @@ impl Merge {
         }
     }
 
-    /// Adds partitions to merge; `expected` is how many there will be in
-    /// all, to size the first reads.
-    pub(crate) fn add(&mut self, partitions: Vec<Vec<u8>>, expected: usize) {
+    fn first_read(&self, expected: usize) -> usize {
         let expected = expected.max(1);
         let first = if expected <= 16 {
             self.want
         } else {
             (self.want * 4 / expected).max(4).min(self.want)
         };
-        let first = first.min(tarn_store::MAX_READ_ROWS / expected).max(1);
-        for partition in partitions {
+        first.min(tarn_store::MAX_READ_ROWS / expected).max(1)
+    }
+
+    /// Adds whole partitions to merge; `expected` is how many sources
+    /// there will be in all, to size the first reads.
+    pub(crate) fn add(&mut self, partitions: Vec<Vec<u8>>, expected: usize) {
+        let ranges = partitions
+            .into_iter()
+            .map(|p| (p, Bound::Unbounded, Bound::Unbounded, 0))
+            .collect();
+        self.add_ranges(ranges, expected);
+    }
+
+    /// Adds clustering ranges of partitions to merge, each with the number
+    /// of leading key bytes that take no part in ordering.
+    pub(crate) fn add_ranges(&mut self, ranges: Vec<Range>, expected: usize) {
+        let first = self.first_read(expected);
+        for (partition, lower, upper, strip) in ranges {
             let i = self.sources.len();
             self.sources.push(Source {
                 partition,
+                lower,
+                upper,
+                strip,
                 buf: Default::default(),
                 last: None,
                 exhausted: false,
@@ -254,12 +289,13 @@ impl Merge {
 
     fn scan_of(&self, s: &Source) -> Scan {
         let from = s.last.clone().or_else(|| self.after.clone());
-        let scan =
-            Scan::partition(self.table, s.partition.clone(), s.next_read).direction(self.direction);
+        let scan = Scan::partition(self.table, s.partition.clone(), s.next_read)
+            .direction(self.direction)
+            .bounds(s.lower.clone(), s.upper.clone());
         match (from, self.direction) {
             (None, _) => scan,
-            (Some(k), Direction::Forward) => scan.bounds(Bound::Excluded(k), Bound::Unbounded),
-            (Some(k), Direction::Reverse) => scan.bounds(Bound::Unbounded, Bound::Excluded(k)),
+            (Some(k), Direction::Forward) => scan.bounds(Bound::Excluded(k), s.upper.clone()),
+            (Some(k), Direction::Reverse) => scan.bounds(s.lower.clone(), Bound::Excluded(k)),
         }
     }
 
@@ -269,7 +305,7 @@ impl Merge {
             .pending
             .iter()
             .copied()
-            .filter(|i| self.sources[*i].last.is_none())
+            .filter(|i| self.sources[*i].last.is_none() && !self.sources[*i].exhausted)
             .collect();
         self.pending.retain(|i| self.sources[*i].last.is_some());
         self.start_reads(unread)
@@ -291,11 +327,12 @@ impl Merge {
     /// Takes the answers to the last reads asked for, in order.
     pub(crate) fn absorb(&mut self, answers: Vec<Vec<Row>>) {
         let reading = std::mem::take(&mut self.reading);
+        let cap = self.want.max(1);
         for (i, rows) in reading.into_iter().zip(answers) {
             let reverse = self.reverse();
             let s = &mut self.sources[i];
             s.exhausted = rows.len() < s.next_read;
-            s.next_read = (s.next_read * 2).min(self.want.max(1));
+            s.next_read = (s.next_read * 2).min(cap);
             if let Some(last) = rows.last() {
                 s.last = Some(last.clustering.clone());
             }
@@ -304,7 +341,7 @@ impl Merge {
             if was_empty {
                 if let Some(front) = s.buf.front() {
                     self.heads.push(Head {
-                        key: front.clustering.clone(),
+                        key: front.clustering[s.strip.min(front.clustering.len())..].to_vec(),
                         source: i,
                         reverse,
                     });
@@ -316,10 +353,11 @@ impl Merge {
     }
 
     /// Merges as far as the rows read allow; asks for reads of the
-    /// partitions that could hold the next row, or says the page is done.
+    /// partitions that could hold the next row, or says the merge has what
+    /// it wants (or all there is).
     pub(crate) fn step(&mut self) -> Step {
         loop {
-            if self.out.len() >= self.want {
+            if self.merged >= self.want {
                 return Step::Done;
             }
             // A source that is not exhausted and whose last row read comes
@@ -334,7 +372,9 @@ impl Merge {
                     !s.exhausted
                         && match (&s.last, &top) {
                             (None, _) | (_, None) => true,
-                            (Some(last), Some(top)) => self.before(last, top),
+                            (Some(last), Some(top)) => {
+                                self.before(&last[s.strip.min(last.len())..], top)
+                            }
                         }
                 })
                 .collect();
@@ -350,7 +390,7 @@ impl Merge {
             let row = s.buf.pop_front().expect("a head has a row");
             match s.buf.front() {
                 Some(next) => self.heads.push(Head {
-                    key: next.clustering.clone(),
+                    key: next.clustering[s.strip.min(next.clustering.len())..].to_vec(),
                     source: head.source,
                     reverse,
                 }),
@@ -359,14 +399,27 @@ impl Merge {
             }
             // Equal keys are one item read through two principals; they
             // come out of the merge one after the other.
-            if self
-                .out
-                .last()
-                .is_none_or(|last| last.clustering != row.clustering)
-            {
+            if self.last_key.as_ref() != Some(&head.key) {
+                self.last_key = Some(head.key);
                 self.out.push(row);
+                self.merged += 1;
             }
         }
+    }
+
+    /// Asks for `more` rows past those merged so far.
+    pub(crate) fn want_more(&mut self, more: usize) {
+        self.want = self.merged + more;
+    }
+
+    /// Whether every source is read to its end and merged.
+    pub(crate) fn finished(&self) -> bool {
+        self.heads.is_empty() && self.sources.iter().all(|s| s.exhausted && s.buf.is_empty())
+    }
+
+    /// The rows merged since the last drain.
+    pub(crate) fn drain(&mut self) -> Vec<Row> {
+        std::mem::take(&mut self.out)
     }
 
     /// The merged rows.

@@ -167,6 +167,13 @@ pub struct BodyMeta {
     pub(crate) blob: String,
     /// Chunk size the blob was written with.
     pub(crate) chunk: u32,
+    /// A textual body's most used words (folded, not stemmed) with their
+    /// counts, for text indexes on `$body` (internal, never shown).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) words: Vec<(String, u32)>,
+    /// How many words the indexed part of the body has.
+    #[serde(default)]
+    pub(crate) word_count: u32,
 }
 
 /// An item as stored.

@@ -9,3 +9,4 @@ mod limits;
 mod model;
 mod refusals;
 mod scenarios;
+mod search;

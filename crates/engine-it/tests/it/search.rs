@@ -1,0 +1,695 @@
+//! Full-text search: analysis, ranking, match modes, prefixes, access,
+//! consistency, categories, bodies, paging and refusals; and a model test
+//! against a brute-force search over random shares, joins, leaves, edits and
+//! deletes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use serde_json::json;
+use tarn_engine::{
+    Caller, Engine, EngineError, Grant, Principal, Role, SearchPage, SearchQuery, TextField,
+};
+
+use crate::common::{self, admin, props, sign_up};
+
+fn tf(field: &str, weight: f64) -> TextField {
+    TextField {
+        field: field.into(),
+        weight,
+    }
+}
+
+async fn text_index(e: &Engine, name: &str, kind: &str, where_: &[&str], fields: Vec<TextField>) {
+    e.declare_text_index(
+        &admin(),
+        name,
+        kind,
+        where_.iter().map(|s| s.to_string()).collect(),
+        fields,
+        None,
+    )
+    .await
+    .unwrap();
+    common::wait_ready(e, name).await;
+}
+
+fn q(text: &str) -> SearchQuery {
+    SearchQuery {
+        q: text.into(),
+        kind: Some("doc".into()),
+        ..SearchQuery::default()
+    }
+}
+
+async fn ids(e: &Engine, who: &Caller, query: SearchQuery) -> Vec<String> {
+    all_pages(e, who, query)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// Every page of a search, as (id, score).
+async fn all_pages(e: &Engine, who: &Caller, mut query: SearchQuery) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    loop {
+        let page: SearchPage = e.search(who, &query).await.unwrap();
+        out.extend(page.hits.iter().map(|h| (h.item.item.id.clone(), h.score)));
+        match page.next {
+            Some(n) => query.cursor = Some(n),
+            None => return out,
+        }
+    }
+}
+
+fn everyone() -> Vec<Grant> {
+    vec![Grant {
+        principal: Principal::Everyone,
+        role: Role::Viewer,
+    }]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn words_are_analysed_ranked_and_matched() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    text_index(
+        &e,
+        "doc-text",
+        "doc",
+        &[],
+        vec![tf("title", 3.0), tf("description", 1.0)],
+    )
+    .await;
+    let mk = |title: &str, desc: &str| {
+        let (e, ann) = (e.clone(), ann.clone());
+        let p = props(json!({"title": title, "description": desc}));
+        async move {
+            e.create_item(&ann, "doc", p, everyone())
+                .await
+                .unwrap()
+                .item
+                .id
+        }
+    };
+    let tea_title = mk("Green tea", "a note on brewing").await;
+    let tea_desc = mk("Kettles", "green tea, green tea and more green tea").await;
+    let cafe = mk("Café culture", "espresso").await;
+    let other = mk("Nothing", "to see").await;
+    let anon = Caller::Anonymous;
+    // match=all: both words; the title (weight 3) outranks the description.
+    let got = all_pages(&e, &anon, q("green TEA")).await;
+    assert_eq!(
+        got.iter().map(|h| h.0.clone()).collect::<Vec<_>>(),
+        vec![tea_title.clone(), tea_desc.clone()]
+    );
+    assert!(got[0].1 > got[1].1 && got[1].1 > 0.0, "{got:?}");
+    // Stemming and folding.
+    assert_eq!(ids(&e, &anon, q("Brewed")).await, vec![tea_title.clone()]);
+    assert_eq!(ids(&e, &anon, q("cafe")).await, vec![cafe.clone()]);
+    assert_eq!(ids(&e, &anon, q("CAFÉS")).await, vec![cafe.clone()]);
+    // match=all needs every word; match=any puts more matched words first.
+    assert!(ids(&e, &anon, q("green espresso")).await.is_empty());
+    let any = ids(
+        &e,
+        &anon,
+        SearchQuery {
+            all: false,
+            ..q("green espresso tea")
+        },
+    )
+    .await;
+    assert_eq!(any.len(), 3);
+    assert!(any[..2].contains(&tea_title) && any[..2].contains(&tea_desc));
+    assert_eq!(any[2], cafe);
+    // Prefix: search as you type.
+    let typed = ids(
+        &e,
+        &anon,
+        SearchQuery {
+            prefix: true,
+            ..q("green te")
+        },
+    )
+    .await;
+    assert_eq!(typed, vec![tea_title.clone(), tea_desc.clone()]);
+    assert_eq!(
+        ids(
+            &e,
+            &anon,
+            SearchQuery {
+                prefix: true,
+                ..q("esp")
+            }
+        )
+        .await,
+        vec![cafe.clone()]
+    );
+    assert!(
+        ids(&e, &anon, q("esp")).await.is_empty(),
+        "without prefix: whole words"
+    );
+    // Words that are no words find nothing, cleanly.
+    for odd in ["🍵", "\u{301}", "!!!", "שלום", "a\u{0}b"] {
+        e.search(&anon, &q(odd)).await.unwrap();
+    }
+    let _ = other;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_respects_sharing_and_sees_every_change() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    let cat = sign_up(&e, "cat").await;
+    text_index(&e, "doc-text", "doc", &[], vec![tf("title", 1.0)]).await;
+    e.create_group(&ann, "club", None, Default::default())
+        .await
+        .unwrap();
+    let club = vec![Grant {
+        principal: Principal::Group("club".into()),
+        role: Role::Viewer,
+    }];
+    let mine = e
+        .create_item(&ann, "doc", props(json!({"title": "secret plan"})), vec![])
+        .await
+        .unwrap()
+        .item
+        .id;
+    let shared = e
+        .create_item(
+            &ann,
+            "doc",
+            props(json!({"title": "club plan"})),
+            club.clone(),
+        )
+        .await
+        .unwrap()
+        .item
+        .id;
+    assert_eq!(ids(&e, &ann, q("plan")).await.len(), 2);
+    assert!(
+        ids(&e, &bob, q("plan")).await.is_empty(),
+        "never an item one may not read"
+    );
+    // Scores are the item's own: items bob cannot read never move his.
+    e.add_member(&ann, "club", &Principal::User("bob".into()))
+        .await
+        .unwrap();
+    let before = all_pages(&e, &bob, q("plan")).await;
+    assert_eq!(
+        before.iter().map(|h| h.0.clone()).collect::<Vec<_>>(),
+        vec![shared.clone()]
+    );
+    for i in 0..20 {
+        e.create_item(
+            &cat,
+            "doc",
+            props(json!({"title": format!("plan plan plan {i}")})),
+            vec![],
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        all_pages(&e, &bob, q("plan")).await,
+        before,
+        "scores unmoved"
+    );
+    // Edits, unshares, group changes and deletes show on the next search.
+    e.patch_item(&ann, &shared, None, &json!({"title": "club party"}), None)
+        .await
+        .unwrap();
+    assert!(ids(&e, &bob, q("plan")).await.is_empty());
+    assert_eq!(ids(&e, &bob, q("party")).await, vec![shared.clone()]);
+    e.remove_member(&bob, "club", &Principal::User("bob".into()))
+        .await
+        .unwrap();
+    assert!(ids(&e, &bob, q("party")).await.is_empty());
+    e.set_acl(
+        &ann,
+        &mine,
+        vec![
+            Grant {
+                principal: Principal::User("ann".into()),
+                role: Role::Manager,
+            },
+            Grant {
+                principal: Principal::User("bob".into()),
+                role: Role::Viewer,
+            },
+        ],
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(ids(&e, &bob, q("secret")).await, vec![mine.clone()]);
+    e.delete_item(&ann, &mine, None).await.unwrap();
+    assert!(ids(&e, &bob, q("secret")).await.is_empty());
+    assert!(ids(&e, &ann, q("secret")).await.is_empty());
+    // Links never make an item appear.
+    let linked = e
+        .create_item(&ann, "doc", props(json!({"title": "linked page"})), vec![])
+        .await
+        .unwrap()
+        .item
+        .id;
+    e.create_link(&ann, &linked, Role::Viewer).await.unwrap();
+    assert!(ids(&e, &bob, q("linked")).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn categories_bodies_paging_and_refusals() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    text_index(&e, "msg-text", "message", &["room"], vec![tf("text", 1.0)]).await;
+    for room in ["a", "b"] {
+        for i in 0..7 {
+            e.create_item(
+                &ann,
+                "message",
+                props(json!({"room": room, "text": format!("hello number {i}")})),
+                vec![],
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let in_room = |room: &str, limit: usize| SearchQuery {
+        q: "hello".into(),
+        kind: Some("message".into()),
+        where_: vec![("room".into(), json!(room))],
+        limit,
+        ..SearchQuery::default()
+    };
+    let a = ids(&e, &ann, in_room("a", 3)).await;
+    assert_eq!(a.len(), 7, "paging by 3 sees all seven, once each");
+    assert_eq!(a.iter().collect::<BTreeSet<_>>().len(), 7);
+    assert_eq!(
+        ids(&e, &ann, in_room("a", 100)).await,
+        a,
+        "pages join into the whole"
+    );
+    assert_eq!(ids(&e, &ann, in_room("c", 3)).await.len(), 0);
+    // No index without the where-field: it names one to declare.
+    let r = e
+        .search(
+            &ann,
+            &SearchQuery {
+                q: "hello".into(),
+                kind: Some("message".into()),
+                ..SearchQuery::default()
+            },
+        )
+        .await;
+    assert!(matches!(r, Err(EngineError::NoIndex { .. })), "{r:?}");
+    // Bodies.
+    text_index(
+        &e,
+        "file-text",
+        "file",
+        &[],
+        vec![tf("name", 2.0), tf("$body", 1.0)],
+    )
+    .await;
+    let f = e
+        .create_item(&ann, "file", props(json!({"name": "notes"})), vec![])
+        .await
+        .unwrap()
+        .item
+        .id;
+    let mut up = e
+        .begin_body(&ann, &f, None, "text/plain; charset=utf-8")
+        .await
+        .unwrap();
+    up.write("Minutes: the committee discussed porcupines.".as_bytes())
+        .await
+        .unwrap();
+    up.finish(None).await.unwrap();
+    let body_q = |w: &str| SearchQuery {
+        q: w.into(),
+        kind: Some("file".into()),
+        ..SearchQuery::default()
+    };
+    assert_eq!(ids(&e, &ann, body_q("porcupine")).await, vec![f.clone()]);
+    assert_eq!(ids(&e, &ann, body_q("notes")).await, vec![f.clone()]);
+    // A binary body adds no words.
+    let mut up = e
+        .begin_body(&ann, &f, None, "application/octet-stream")
+        .await
+        .unwrap();
+    up.write(b"porcupines").await.unwrap();
+    up.finish(None).await.unwrap();
+    assert!(ids(&e, &ann, body_q("porcupine")).await.is_empty());
+    // Refusals.
+    for bad in ["", "   "] {
+        assert!(matches!(
+            e.search(&ann, &body_q(bad)).await,
+            Err(EngineError::InvalidInput(_))
+        ));
+    }
+    let long = "a".repeat(tarn_engine::MAX_QUERY + 1);
+    match e.search(&ann, &body_q(&long)).await {
+        Err(EngineError::InvalidInput(m)) => assert!(m.contains("1024"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let many: Vec<String> = (0..20).map(|i| format!("w{i}")).collect();
+    match e.search(&ann, &body_q(&many.join(" "))).await {
+        Err(EngineError::InvalidInput(m)) => assert!(m.contains("16"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        e.search(
+            &ann,
+            &SearchQuery {
+                cursor: Some("!!".into()),
+                ..body_q("x")
+            }
+        )
+        .await,
+        Err(EngineError::InvalidInput(_))
+    ));
+    assert!(matches!(
+        e.search(
+            &ann,
+            &SearchQuery {
+                q: "x".into(),
+                kind: None,
+                where_: vec![("room".into(), json!("a"))],
+                ..SearchQuery::default()
+            }
+        )
+        .await,
+        Err(EngineError::InvalidInput(_))
+    ));
+    // Without a kind: every text index without where-fields.
+    let all = e
+        .search(
+            &ann,
+            &SearchQuery {
+                q: "notes".into(),
+                kind: None,
+                ..SearchQuery::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(all.hits.len(), 1);
+}
+
+// The model: random documents from a small vocabulary, random shares,
+// memberships, edits and deletes; every user's search must equal a brute
+// force over what the user may read.
+
+const VOCAB: [&str; 6] = ["red", "blue", "owl", "fig", "map", "sun"];
+const USERS: usize = 3;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Create {
+        by: usize,
+        words: Vec<usize>,
+        share: Vec<Who>,
+    },
+    Edit {
+        item: usize,
+        words: Vec<usize>,
+    },
+    Share {
+        item: usize,
+        share: Vec<Who>,
+    },
+    Delete {
+        item: usize,
+    },
+    Join {
+        user: usize,
+    },
+    Leave {
+        user: usize,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Who {
+    User(usize),
+    Group,
+    Everyone,
+}
+
+fn who() -> impl Strategy<Value = Who> {
+    prop_oneof![
+        (0..USERS).prop_map(Who::User),
+        Just(Who::Group),
+        Just(Who::Everyone)
+    ]
+}
+
+fn text() -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(0..VOCAB.len(), 1..5)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..USERS, text(), prop::collection::vec(who(), 0..3))
+            .prop_map(|(by, words, share)| Op::Create { by, words, share }),
+        2 => (any::<usize>(), text()).prop_map(|(item, words)| Op::Edit { item, words }),
+        2 => (any::<usize>(), prop::collection::vec(who(), 0..3)).prop_map(|(item, share)| Op::Share { item, share }),
+        1 => any::<usize>().prop_map(|item| Op::Delete { item }),
+        1 => (0..USERS).prop_map(|user| Op::Join { user }),
+        1 => (0..USERS).prop_map(|user| Op::Leave { user }),
+    ]
+}
+
+struct Doc {
+    id: String,
+    by: usize,
+    words: Vec<usize>,
+    share: Vec<Who>,
+    gone: bool,
+}
+
+fn grants(by: usize, share: &[Who]) -> Vec<Grant> {
+    let mut g: Vec<Grant> = share
+        .iter()
+        .map(|w| Grant {
+            principal: match w {
+                Who::User(u) => Principal::User(format!("u{u}")),
+                Who::Group => Principal::Group("g".into()),
+                Who::Everyone => Principal::Everyone,
+            },
+            role: Role::Viewer,
+        })
+        .collect();
+    g.push(Grant {
+        principal: Principal::User(format!("u{by}")),
+        role: Role::Manager,
+    });
+    g
+}
+
+async fn run_model(e: Engine, ops: Vec<Op>) {
+    for u in 0..USERS {
+        sign_up(&e, &format!("u{u}")).await;
+    }
+    e.create_group(&admin(), "g", None, Default::default())
+        .await
+        .unwrap();
+    text_index(&e, "doc-text", "doc", &[], vec![tf("body", 1.0)]).await;
+    let mut docs: Vec<Doc> = Vec::new();
+    let mut members: BTreeSet<usize> = BTreeSet::new();
+    let text = |w: &[usize]| w.iter().map(|i| VOCAB[*i]).collect::<Vec<_>>().join(" ");
+    for op in &ops {
+        if docs.is_empty() && matches!(op, Op::Edit { .. } | Op::Share { .. } | Op::Delete { .. }) {
+            continue;
+        }
+        match op {
+            Op::Create { by, words, share } => {
+                let v = e
+                    .create_item(
+                        &common::user(&format!("u{by}")),
+                        "doc",
+                        props(json!({"body": text(words)})),
+                        grants(*by, share),
+                    )
+                    .await
+                    .unwrap();
+                docs.push(Doc {
+                    id: v.item.id,
+                    by: *by,
+                    words: words.clone(),
+                    share: share.clone(),
+                    gone: false,
+                });
+            }
+            Op::Edit { item, words } => {
+                let n = docs.len();
+                let d = &mut docs[item % n];
+                if d.gone {
+                    continue;
+                }
+                e.patch_item(
+                    &common::user(&format!("u{}", d.by)),
+                    &d.id,
+                    None,
+                    &json!({"body": text(words)}),
+                    None,
+                )
+                .await
+                .unwrap();
+                d.words = words.clone();
+            }
+            Op::Share { item, share } => {
+                let n = docs.len();
+                let d = &mut docs[item % n];
+                if d.gone {
+                    continue;
+                }
+                e.set_acl(
+                    &common::user(&format!("u{}", d.by)),
+                    &d.id,
+                    grants(d.by, share),
+                    None,
+                )
+                .await
+                .unwrap();
+                d.share = share.clone();
+            }
+            Op::Delete { item } => {
+                let n = docs.len();
+                let d = &mut docs[item % n];
+                if d.gone {
+                    continue;
+                }
+                e.delete_item(&common::user(&format!("u{}", d.by)), &d.id, None)
+                    .await
+                    .unwrap();
+                d.gone = true;
+            }
+            Op::Join { user } => {
+                e.add_member(&admin(), "g", &Principal::User(format!("u{user}")))
+                    .await
+                    .unwrap();
+                members.insert(*user);
+            }
+            Op::Leave { user } => {
+                e.remove_member(&admin(), "g", &Principal::User(format!("u{user}")))
+                    .await
+                    .unwrap();
+                members.remove(user);
+            }
+        }
+    }
+    // Every user, every one- and two-word query, both match modes.
+    for u in 0..USERS {
+        let reads = |d: &Doc| {
+            !d.gone
+                && (d.by == u
+                    || d.share.iter().any(|w| match w {
+                        Who::User(x) => *x == u,
+                        Who::Group => members.contains(&u),
+                        Who::Everyone => true,
+                    }))
+        };
+        let caller = common::user(&format!("u{u}"));
+        for a in 0..VOCAB.len() {
+            for b in a..VOCAB.len() {
+                for all in [true, false] {
+                    let words: BTreeSet<usize> = [a, b].into_iter().collect();
+                    let want: BTreeMap<String, usize> = docs
+                        .iter()
+                        .filter(|d| reads(d))
+                        .filter_map(|d| {
+                            let hit = words.iter().filter(|w| d.words.contains(w)).count();
+                            let ok = if all { hit == words.len() } else { hit > 0 };
+                            ok.then(|| (d.id.clone(), hit))
+                        })
+                        .collect();
+                    let query = SearchQuery {
+                        q: format!("{} {}", VOCAB[a], VOCAB[b]),
+                        all,
+                        limit: 2,
+                        ..q("")
+                    };
+                    let got = all_pages(&e, &caller, query).await;
+                    let got_ids: BTreeSet<String> = got.iter().map(|h| h.0.clone()).collect();
+                    assert_eq!(got.len(), got_ids.len(), "no hit twice");
+                    assert_eq!(
+                        got_ids,
+                        want.keys().cloned().collect::<BTreeSet<_>>(),
+                        "u{u} {:?} all={all}",
+                        words
+                    );
+                    if !all {
+                        // More matched words first.
+                        let matched: Vec<usize> = got.iter().map(|h| want[&h.0]).collect();
+                        assert!(matched.windows(2).all(|w| w[0] >= w[1]), "{matched:?}");
+                    } else {
+                        assert!(
+                            got.windows(2).all(|w| w[0].1 >= w[1].1),
+                            "best first: {got:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("TARN_MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+    #[test]
+    fn search_model_memory(ops in prop::collection::vec(op(), 1..30)) {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(run_model(common::memory(), ops));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases() / 3, ..ProptestConfig::default() })]
+    #[test]
+    fn search_model_sqlite(ops in prop::collection::vec(op(), 1..30)) {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let (e, _dir) = common::sqlite();
+        rt.block_on(run_model(e, ops));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_on_postgres() {
+    let e = common::postgres().await;
+    let ann = sign_up(&e, "ann").await;
+    text_index(&e, "doc-text", "doc", &[], vec![tf("title", 1.0)]).await;
+    let id = e
+        .create_item(
+            &ann,
+            "doc",
+            props(json!({"title": "Green tea brewing"})),
+            vec![],
+        )
+        .await
+        .unwrap()
+        .item
+        .id;
+    assert_eq!(ids(&e, &ann, q("brew green")).await, vec![id.clone()]);
+    assert_eq!(
+        ids(
+            &e,
+            &ann,
+            SearchQuery {
+                prefix: true,
+                ..q("gre")
+            }
+        )
+        .await,
+        vec![id]
+    );
+}

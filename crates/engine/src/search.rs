@@ -1,0 +1,753 @@
+//! Full-text search on the same store, in the same transactions, with the
+//! same access model as listings.
+//!
+//! A text index holds, for every term of an item and every principal that
+//! may read it, one row:
+//!
+//! ```text
+//! partition  = (index uid, principal, [bucket], where-values..., first two characters of the term)
+//! clustering = (term, impact descending, item id)
+//! ```
+//!
+//! and one *forward* row per item with the impact of each of its terms.
+//! The *impact* of a term is its weight in that one item (term frequency
+//! in each field, saturated and normalised by the field's length against
+//! a fixed length, times the field's weight): it depends on the item alone,
+//! so nothing about items a caller cannot read moves what the caller sees,
+//! scores included. There are no global statistics.
+//!
+//! A query reads, for each of its words and each of the caller's
+//! partitions, the term's rows in impact order (one ordered, limited read
+//! per word and principal, merged in code), and runs Fagin's threshold
+//! algorithm: new candidates are checked against their forward rows, and
+//! reading stops once no unread row can lift an item into the page. A
+//! prefix (search-as-you-type) is expanded to the terms that start with it
+//! by one bounded read of the caller's own partitions of its first two
+//! characters — never a scan across partitions.
+//!
+//! Bounds: a query has at most [`MAX_WORDS`] words and [`MAX_QUERY`] bytes;
+//! a prefix expands to at most [`MAX_EXPANSION`] terms; one search looks at
+//! no more than [`SCAN_BUDGET`] index rows per word (past it, the page is
+//! the best of what was looked at). Writes: an item has at most
+//! [`MAX_TERMS`] terms per text index, so it writes at most
+//! `MAX_TERMS × readers + 1` rows per text index.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Bound;
+
+use serde_json::Value;
+use tarn_store::{Direction, Key, Row, Scan, Snapshot, SnapshotExt, Table};
+
+use crate::actor::Resolve;
+use crate::error::{EngineError, Result};
+use crate::indexes::{bucket_of, is_shared, IndexDef, IndexState};
+use crate::keys::{decode_str, encode_str, encoded_prefix, successor};
+use crate::listing::{Merge, Step};
+use crate::schema::{self, ItemRow, INDEX};
+use crate::text::{words, Analyzer};
+use crate::{b64, unb64, Caller, Engine, Item, ItemView, Principal, Role};
+
+/// The forward rows: every term of an item with its impact.
+pub(crate) const FORWARD: Table = Table::new("txt_fwd");
+/// Most terms an item has in one text index: the weightiest are kept.
+pub const MAX_TERMS: usize = 512;
+/// Most distinct words in a query.
+pub const MAX_WORDS: usize = 16;
+/// Most bytes in a query.
+pub const MAX_QUERY: usize = 1024;
+/// Most terms a prefix expands to.
+pub const MAX_EXPANSION: usize = 32;
+/// Most index rows one search reads per word.
+pub const SCAN_BUDGET: usize = 20_000;
+/// Words a body keeps for indexing: its most used.
+pub(crate) const BODY_WORDS: usize = 512;
+/// Bytes of a textual body that are indexed.
+pub(crate) const BODY_TEXT: usize = 1024 * 1024;
+
+const K1: f64 = 1.2;
+const B: f64 = 0.75;
+/// The field length impacts are normalised against: a constant, not an
+/// average over items (which would let other items move scores).
+const LENGTH: f64 = 32.0;
+/// In `match=any`, each word matched counts this much more than any sum
+/// of impacts, so items matching more words come first.
+const MATCHED: u64 = 1 << 24;
+
+/// A search request.
+#[derive(Clone, Debug)]
+pub struct SearchQuery {
+    /// The words.
+    pub q: String,
+    /// The kind; `None` searches every text index without where-fields.
+    pub kind: Option<String>,
+    /// Equality on the index's where-fields.
+    pub where_: Vec<(String, Value)>,
+    /// Every word must occur (`match=all`), or at least one (`any`).
+    pub all: bool,
+    /// The last word also matches terms that start with it.
+    pub prefix: bool,
+    /// Page size.
+    pub limit: usize,
+    /// Where the previous page ended.
+    pub cursor: Option<String>,
+}
+
+impl Default for SearchQuery {
+    fn default() -> Self {
+        SearchQuery {
+            q: String::new(),
+            kind: None,
+            where_: Vec::new(),
+            all: true,
+            prefix: false,
+            limit: 20,
+            cursor: None,
+        }
+    }
+}
+
+/// One hit.
+#[derive(Clone, Debug)]
+pub struct Hit {
+    /// The item as the caller reads it.
+    pub item: ItemView,
+    /// Its score: the sum of its matched words' impacts.
+    pub score: f64,
+}
+
+/// A page of hits, best first.
+#[derive(Clone, Debug)]
+pub struct SearchPage {
+    /// The hits.
+    pub hits: Vec<Hit>,
+    /// The cursor of the next page.
+    pub next: Option<String>,
+}
+
+/// Whether a content type is text a `$body` field indexes.
+pub fn is_textual(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence.starts_with("text/")
+        || essence == "application/json"
+        || essence == "application/xml"
+        || essence.ends_with("+json")
+        || essence.ends_with("+xml")
+}
+
+/// The first two characters of a term: the partition its rows live in.
+fn head(term: &str) -> &str {
+    match term.char_indices().nth(2) {
+        Some((i, _)) => &term[..i],
+        None => term,
+    }
+}
+
+fn term_partition(
+    def: &IndexDef,
+    principal: &Principal,
+    bucket: u32,
+    where_values: &[Option<&Value>],
+    term: &str,
+) -> Vec<u8> {
+    let mut p = def.partition(principal, bucket, where_values);
+    encode_str(&mut p, head(term));
+    p
+}
+
+fn forward_key(def: &IndexDef, id: &str) -> Key {
+    let mut p = Vec::with_capacity(48);
+    encode_str(&mut p, &def.uid);
+    encode_str(&mut p, id);
+    Key::new(FORWARD, p, b"f".to_vec())
+}
+
+fn encode_forward(impacts: &BTreeMap<String, u16>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(impacts.len() * 10);
+    for (t, i) in impacts {
+        out.push(t.len() as u8);
+        out.extend_from_slice(t.as_bytes());
+        out.extend_from_slice(&i.to_be_bytes());
+    }
+    out
+}
+
+fn decode_forward(bytes: &[u8]) -> Result<HashMap<&str, u16>> {
+    let bad = || crate::error::corrupt("forward row", "truncated");
+    let mut out = HashMap::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let n = bytes[i] as usize;
+        let t = bytes.get(i + 1..i + 1 + n).ok_or_else(bad)?;
+        let imp = bytes.get(i + 1 + n..i + 3 + n).ok_or_else(bad)?;
+        let t = std::str::from_utf8(t).map_err(|e| crate::error::corrupt("forward row", e))?;
+        out.insert(t, u16::from_be_bytes([imp[0], imp[1]]));
+        i += 3 + n;
+    }
+    Ok(out)
+}
+
+/// The strings of a property value: a string, or the strings of an array.
+fn strings(v: &Value) -> Vec<&str> {
+    match v {
+        Value::String(s) => vec![s.as_str()],
+        Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Every term of an item in a text index with its impact, the weightiest
+/// [`MAX_TERMS`].
+pub(crate) fn impacts(def: &IndexDef, item: &Item) -> BTreeMap<String, u16> {
+    let analyzer = Analyzer::new(def.language.as_deref().unwrap_or("english"));
+    let mut acc: HashMap<String, f64> = HashMap::new();
+    for field in &def.text {
+        let mut tf: HashMap<String, u32> = HashMap::new();
+        let mut len = 0u32;
+        if field.field == "$body" {
+            if let Some(body) = &item.body {
+                for (w, n) in &body.words {
+                    *tf.entry(analyzer.term(w)).or_insert(0) += n;
+                }
+                len = body.word_count;
+            }
+        } else if let Some(v) = item.field(&field.field) {
+            for s in strings(&v) {
+                for w in words(s) {
+                    len += 1;
+                    *tf.entry(analyzer.term(&w)).or_insert(0) += 1;
+                }
+            }
+        }
+        let norm = K1 * (1.0 - B + B * f64::from(len.max(1)) / LENGTH);
+        for (term, n) in tf {
+            let n = f64::from(n);
+            *acc.entry(term).or_insert(0.0) += field.weight * n * (K1 + 1.0) / (n + norm);
+        }
+    }
+    let mut terms: Vec<(String, u16)> = acc
+        .into_iter()
+        .map(|(t, s)| (t, (s * 1000.0).round().clamp(1.0, 65535.0) as u16))
+        .collect();
+    if terms.len() > MAX_TERMS {
+        terms.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        terms.truncate(MAX_TERMS);
+    }
+    terms.into_iter().collect()
+}
+
+/// Every row of a text index for an item: one per term and reader, and the
+/// forward row.
+pub(crate) fn text_rows(def: &IndexDef, item: &Item, split: u32) -> Vec<(Key, Vec<u8>)> {
+    let impacts = impacts(def, item);
+    if impacts.is_empty() {
+        return Vec::new();
+    }
+    let values = def.where_values(item);
+    let refs: Vec<Option<&Value>> = values.iter().map(|v| v.as_ref()).collect();
+    let bucket = bucket_of(&item.id, split);
+    let readers = item.readers();
+    let mut out = Vec::with_capacity(impacts.len() * readers.len() + 1);
+    for (term, impact) in &impacts {
+        let mut clustering = Vec::with_capacity(term.len() + item.id.len() + 8);
+        encode_str(&mut clustering, term);
+        clustering.extend_from_slice(&(!impact).to_be_bytes());
+        encode_str(&mut clustering, &item.id);
+        for p in &readers {
+            let part = term_partition(def, p, bucket, &refs, term);
+            out.push((
+                Key::new(INDEX, part, clustering.clone()),
+                item.id.as_bytes().to_vec(),
+            ));
+        }
+    }
+    out.push((forward_key(def, &item.id), encode_forward(&impacts)));
+    out
+}
+
+/// A hit's place in the order: score descending, then id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Place {
+    score: u64,
+    id: String,
+}
+
+impl PartialOrd for Place {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Place {
+    /// Better places are smaller.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other
+            .score
+            .cmp(&self.score)
+            .then_with(|| self.id.cmp(&other.id))
+    }
+}
+
+const CURSOR_VERSION: u8 = 1;
+
+fn encode_cursor(p: &Place) -> String {
+    let mut c = vec![CURSOR_VERSION];
+    c.extend_from_slice(&p.score.to_be_bytes());
+    c.extend_from_slice(p.id.as_bytes());
+    b64(&c)
+}
+
+fn decode_cursor(c: &str) -> Result<Place> {
+    let bad = || EngineError::InvalidInput("the cursor does not belong to this search".into());
+    if c.len() > 200 {
+        return Err(bad());
+    }
+    let raw = unb64(c).ok_or_else(bad)?;
+    if raw.len() < 10 || raw[0] != CURSOR_VERSION {
+        return Err(bad());
+    }
+    let score = u64::from_be_bytes(raw[1..9].try_into().expect("8 bytes"));
+    let id = String::from_utf8(raw[9..].to_vec()).map_err(|_| bad())?;
+    Ok(Place { score, id })
+}
+
+/// One word of a query: the terms it matches (several for a prefix), and
+/// the merge of their rows over the caller's partitions.
+struct Slot {
+    terms: Vec<String>,
+    merge: Merge,
+    /// The impact of the last row taken: no unread row has a higher one.
+    last: u16,
+    /// Every row has been taken.
+    done: bool,
+    read: usize,
+}
+
+/// The (impact, id) of a term row, past its term.
+fn parse_row(row: &Row, strip: usize) -> Option<(u16, String)> {
+    let rest = row.clustering.get(strip..)?;
+    let impact = !u16::from_be_bytes([*rest.first()?, *rest.get(1)?]);
+    let (id, _) = decode_str(&rest[2..])?;
+    Some((impact, id))
+}
+
+impl Engine {
+    /// One page of the items the caller may read whose text matches the
+    /// query, best first.
+    pub async fn search(&self, caller: &Caller, q: &SearchQuery) -> Result<SearchPage> {
+        if q.q.trim().is_empty() {
+            return Err(EngineError::InvalidInput(
+                "q names the words to find".into(),
+            ));
+        }
+        if q.q.len() > MAX_QUERY {
+            return Err(EngineError::InvalidInput(format!(
+                "q has at most {MAX_QUERY} bytes"
+            )));
+        }
+        crate::listing::check_limit(q.limit)?;
+        if let Some(k) = &q.kind {
+            crate::model::check_name("kind", k)?;
+        }
+        let mut fields: BTreeMap<String, Value> = BTreeMap::new();
+        for (f, v) in &q.where_ {
+            if matches!(v, Value::Array(_) | Value::Object(_)) {
+                return Err(EngineError::InvalidInput(format!(
+                    "where.{f}: a where value is a string, number, boolean or null"
+                )));
+            }
+            if fields.insert(f.clone(), v.clone()).is_some() {
+                return Err(EngineError::InvalidInput(format!(
+                    "where.{f} is given twice"
+                )));
+            }
+        }
+        if q.kind.is_none() && !fields.is_empty() {
+            return Err(EngineError::InvalidInput(
+                "where needs a kind: the text index of that kind has the where-fields".into(),
+            ));
+        }
+        let distinct: HashSet<String> = words(&q.q).collect();
+        if distinct.len() > MAX_WORDS {
+            return Err(EngineError::InvalidInput(format!(
+                "q has at most {MAX_WORDS} different words"
+            )));
+        }
+        let cursor = q.cursor.as_deref().map(decode_cursor).transpose()?;
+        self.retrying(|| self.search_once(caller, q, &fields, cursor.as_ref()))
+            .await
+    }
+
+    async fn search_once(
+        &self,
+        caller: &Caller,
+        q: &SearchQuery,
+        fields: &BTreeMap<String, Value>,
+        cursor: Option<&Place>,
+    ) -> Result<SearchPage> {
+        let mut snap = self.snapshot().await?;
+        let mut res = Resolve::new(caller)?;
+        let mut gets = res.first_gets();
+        let first = gets.len();
+        gets.push(schema::defs_version_key());
+        let out = crate::read(&mut snap, &gets, &res.scans()).await?;
+        res.absorb_first(self, &out.rows[..first])?;
+        res.absorb_scans(&out.scans)?;
+        let defs = self.defs_at(&mut snap, &out.rows[first]).await?;
+        let indexes = choose(&defs.defs, q.kind.as_deref(), fields)?;
+        let actor = self.walk_to_end(&mut snap, res).await?;
+        let want = q.limit + 1;
+        let mut best: BTreeMap<Place, ()> = BTreeMap::new();
+        let mut seen_ids: HashSet<String> = HashSet::new();
+        for def in &indexes {
+            let values: Vec<Value> = def.where_.iter().map(|f| fields[f].clone()).collect();
+            let found = self
+                .threshold(&mut snap, def, &actor.principals, q, &values, cursor, want)
+                .await?;
+            for p in found {
+                if seen_ids.insert(p.id.clone()) {
+                    best.insert(p, ());
+                }
+            }
+            while best.len() > want {
+                best.pop_last();
+            }
+        }
+        let places: Vec<Place> = best.into_keys().collect();
+        let more = places.len() > q.limit;
+        let page = &places[..places.len().min(q.limit)];
+        let keys: Vec<Key> = page.iter().map(|p| schema::item_key(&p.id)).collect();
+        let rows = snap.get_many(&keys).await?;
+        drop(snap);
+        let mut hits = Vec::with_capacity(page.len());
+        for (p, row) in page.iter().zip(rows) {
+            let Some(row) = row else { continue };
+            let stored: ItemRow = schema::decode("item", &row)?;
+            let role = if actor.admin {
+                Some(Role::Manager)
+            } else {
+                stored.item.role_of(&actor.principals)
+            };
+            if let Some(role) = role {
+                hits.push(Hit {
+                    item: ItemView {
+                        item: stored.item,
+                        role,
+                    },
+                    score: (p.score % MATCHED) as f64 / 1000.0,
+                });
+            }
+        }
+        Ok(SearchPage {
+            hits,
+            next: if more {
+                page.last().map(encode_cursor)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// The best `want` places after `cursor` in one text index, by the
+    /// threshold algorithm.
+    #[allow(clippy::too_many_arguments)]
+    async fn threshold(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        def: &IndexDef,
+        principals: &[Principal],
+        q: &SearchQuery,
+        where_values: &[Value],
+        cursor: Option<&Place>,
+        want: usize,
+    ) -> Result<Vec<Place>> {
+        let analyzer = Analyzer::new(def.language.as_deref().unwrap_or("english"));
+        let mut query_words: Vec<String> = Vec::new();
+        for w in words(&q.q) {
+            if !query_words.contains(&w) {
+                query_words.push(w);
+            }
+        }
+        if query_words.is_empty() {
+            return Ok(Vec::new());
+        }
+        let values: Vec<Option<&Value>> = where_values.iter().map(Some).collect();
+        let split = self.split();
+        let partitions = |term: &str| -> Vec<Vec<u8>> {
+            principals
+                .iter()
+                .flat_map(|p| {
+                    let buckets = if is_shared(p) { split } else { 1 };
+                    (0..buckets).map(move |b| (p, b))
+                })
+                .map(|(p, b)| term_partition(def, p, b, &values, term))
+                .collect()
+        };
+        // The terms of each word; the last one expanded when prefix.
+        let mut slot_terms: Vec<Vec<String>> = Vec::new();
+        for (i, w) in query_words.iter().enumerate() {
+            let mut terms = vec![analyzer.term(w)];
+            if q.prefix && i + 1 == query_words.len() && w.chars().count() >= 2 {
+                for t in self.expand(snap, &partitions(w), w).await? {
+                    if !terms.contains(&t) {
+                        terms.push(t);
+                    }
+                }
+            }
+            let mut unique = Vec::new();
+            for t in terms {
+                if !unique.contains(&t) {
+                    unique.push(t);
+                }
+            }
+            if !slot_terms.contains(&unique) {
+                slot_terms.push(unique);
+            }
+        }
+        let mut slots: Vec<Slot> = slot_terms
+            .into_iter()
+            .map(|terms| {
+                let mut merge = Merge::new(INDEX, Direction::Forward, None, 32);
+                let mut ranges = Vec::new();
+                for t in &terms {
+                    let mut exact = Vec::new();
+                    encode_str(&mut exact, t);
+                    let upper = successor(&exact).map_or(Bound::Unbounded, Bound::Excluded);
+                    for p in partitions(t) {
+                        ranges.push((
+                            p,
+                            Bound::Included(exact.clone()),
+                            upper.clone(),
+                            exact.len(),
+                        ));
+                    }
+                }
+                let n = ranges.len();
+                merge.add_ranges(ranges, n);
+                Slot {
+                    terms,
+                    merge,
+                    last: u16::MAX,
+                    done: false,
+                    read: 0,
+                }
+            })
+            .collect();
+        let mut best: BTreeMap<Place, ()> = BTreeMap::new();
+        let mut checked: HashSet<String> = HashSet::new();
+        let mut batch = 32usize;
+        loop {
+            // Sorted access: the next rows of every word, in one read per
+            // round (more if merges need refills).
+            for s in slots.iter_mut().filter(|s| !s.done) {
+                s.merge.want_more(batch);
+            }
+            let mut first = true;
+            loop {
+                let mut scans = Vec::new();
+                let mut owners = Vec::new();
+                for (i, s) in slots.iter_mut().enumerate().filter(|(_, s)| !s.done) {
+                    let more = if first {
+                        s.merge.first_reads()
+                    } else {
+                        Vec::new()
+                    };
+                    let more = if more.is_empty() {
+                        match s.merge.step() {
+                            Step::Read(r) => r,
+                            Step::Done => Vec::new(),
+                        }
+                    } else {
+                        more
+                    };
+                    owners.push((i, more.len()));
+                    scans.extend(more);
+                }
+                first = false;
+                if scans.is_empty() {
+                    break;
+                }
+                let mut out = crate::read(snap, &[], &scans).await?.scans.into_iter();
+                for (i, n) in owners {
+                    let answers: Vec<Vec<Row>> = out.by_ref().take(n).collect();
+                    if n > 0 {
+                        slots[i].merge.absorb(answers);
+                    }
+                }
+            }
+            let mut candidates: Vec<String> = Vec::new();
+            for s in slots.iter_mut().filter(|s| !s.done) {
+                let rows = s.merge.drain();
+                s.read += rows.len();
+                for row in &rows {
+                    // Rows of each term merge past the term's bytes.
+                    let strip = decode_str(&row.clustering).map_or(0, |(_, n)| n);
+                    if let Some((impact, id)) = parse_row(row, strip) {
+                        s.last = impact;
+                        if checked.insert(id.clone()) {
+                            candidates.push(id);
+                        }
+                    }
+                }
+                if s.merge.finished() || s.read >= SCAN_BUDGET {
+                    s.done = true;
+                    s.last = 0;
+                }
+            }
+            // Random access: each new candidate's impacts of every word.
+            let keys: Vec<Key> = candidates.iter().map(|id| forward_key(def, id)).collect();
+            let fwd = crate::read(snap, &keys, &[]).await?.rows;
+            for (id, row) in candidates.into_iter().zip(fwd) {
+                let Some(row) = row else { continue };
+                let impacts = decode_forward(&row.value)?;
+                let mut sum = 0u64;
+                let mut matched = 0u64;
+                for s in &slots {
+                    let best_term = s
+                        .terms
+                        .iter()
+                        .filter_map(|t| impacts.get(t.as_str()))
+                        .max()
+                        .copied();
+                    if let Some(i) = best_term {
+                        sum += u64::from(i);
+                        matched += 1;
+                    }
+                }
+                let passes = if q.all {
+                    matched == slots.len() as u64
+                } else {
+                    matched > 0
+                };
+                if !passes {
+                    continue;
+                }
+                let score = if q.all { sum } else { matched * MATCHED + sum };
+                let place = Place { score, id };
+                if cursor.is_some_and(|c| place <= *c) {
+                    continue;
+                }
+                best.insert(place, ());
+                if best.len() > want {
+                    best.pop_last();
+                }
+            }
+            // The best any unread item could score.
+            let open: Vec<&Slot> = slots.iter().filter(|s| !s.done).collect();
+            let bound = if q.all {
+                if open.len() < slots.len() {
+                    // A word read to its end: every item with all words
+                    // has been seen.
+                    None
+                } else {
+                    Some(open.iter().map(|s| u64::from(s.last)).sum::<u64>())
+                }
+            } else if open.is_empty() {
+                None
+            } else {
+                Some(
+                    open.iter()
+                        .map(|s| MATCHED + u64::from(s.last))
+                        .sum::<u64>(),
+                )
+            };
+            let full = best.len() >= want;
+            match bound {
+                None => break,
+                Some(b) if full && best.keys().last().is_some_and(|w| w.score > b) => break,
+                Some(_) => {}
+            }
+            batch = (batch * 2).min(1024);
+        }
+        Ok(best.into_keys().collect())
+    }
+
+    /// The terms that start with `prefix` in the caller's partitions of its
+    /// first two characters: one bounded read.
+    async fn expand(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        partitions: &[Vec<u8>],
+        prefix: &str,
+    ) -> Result<Vec<String>> {
+        let lower = encoded_prefix(prefix);
+        let upper = successor(&lower).map_or(Bound::Unbounded, Bound::Excluded);
+        let per = (4096 / partitions.len().max(1)).clamp(8, 256);
+        let scans: Vec<Scan> = partitions
+            .iter()
+            .map(|p| {
+                Scan::partition(INDEX, p.clone(), per)
+                    .bounds(Bound::Included(lower.clone()), upper.clone())
+            })
+            .collect();
+        let out = crate::read(snap, &[], &scans).await?;
+        let mut terms: Vec<String> = Vec::new();
+        for rows in out.scans {
+            for r in rows {
+                if let Some((t, _)) = decode_str(&r.clustering) {
+                    if !terms.contains(&t) {
+                        terms.push(t);
+                    }
+                }
+            }
+        }
+        // The shortest first: the words being typed are likeliest.
+        terms.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        terms.truncate(MAX_EXPANSION);
+        Ok(terms)
+    }
+}
+
+/// The text indexes a search reads: the one of `kind` whose where-fields
+/// are exactly those given; without a kind, every one without where-fields.
+fn choose(
+    defs: &[IndexDef],
+    kind: Option<&str>,
+    fields: &BTreeMap<String, Value>,
+) -> Result<Vec<IndexDef>> {
+    let mut building = None;
+    let mut out = Vec::new();
+    for d in defs.iter().filter(|d| d.is_text()) {
+        let fits = match kind {
+            Some(k) => {
+                d.kind.as_deref() == Some(k)
+                    && d.where_.len() == fields.len()
+                    && d.where_.iter().all(|f| fields.contains_key(f))
+            }
+            None => d.where_.is_empty(),
+        };
+        if !fits {
+            continue;
+        }
+        match d.state {
+            IndexState::Ready => {
+                out.push(d.clone());
+                if kind.is_some() {
+                    break;
+                }
+            }
+            IndexState::Building => building = Some(d.name.clone()),
+            IndexState::Dropping => {}
+        }
+    }
+    if !out.is_empty() {
+        return Ok(out);
+    }
+    if let Some(name) = building {
+        return Err(EngineError::IndexBuilding(name));
+    }
+    let k = kind.unwrap_or("KIND");
+    let declare = serde_json::json!({
+        "name": format!("{k}-text"),
+        "kind": k,
+        "where": fields.keys().collect::<Vec<_>>(),
+        "text": [{"field": "title", "weight": 3}, {"field": "description"}],
+    });
+    Err(EngineError::NoIndex {
+        declare: declare.to_string(),
+    })
+}
