@@ -593,6 +593,7 @@ async fn run_model(e: Engine, ops: Vec<Op>) {
                     }))
         };
         let caller = common::user(&format!("u{u}"));
+        #[allow(clippy::needless_range_loop)]
         for a in 0..VOCAB.len() {
             for b in a..VOCAB.len() {
                 for all in [true, false] {
