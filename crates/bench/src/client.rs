@@ -139,6 +139,40 @@ impl Http {
         }
     }
 
+    /// Opens a server-sent event stream (`GET path`), resuming after
+    /// `last_event_id` when given.
+    pub async fn events(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        last_event_id: Option<&str>,
+    ) -> Result<EventStream> {
+        let mut req = Request::builder()
+            .method(Method::GET)
+            .uri(format!("{}{path}", self.base))
+            .header("accept", "text/event-stream");
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        let res = self
+            .client
+            .request(req.body(Full::new(Bytes::new()))?)
+            .await
+            .context("opening the stream")?;
+        anyhow::ensure!(
+            res.status() == 200,
+            "the event stream answered {}",
+            res.status()
+        );
+        Ok(EventStream {
+            body: res.into_body(),
+            text: String::new(),
+        })
+    }
+
     /// Like [`Http::json`], but any status other than `want` is an error.
     pub async fn expect(
         &self,
@@ -165,5 +199,63 @@ impl Http {
             .expect(Method::POST, "/api/v1/items", Some(token), Some(body), 201)
             .await?;
         r.str("id").context("the new item's id")
+    }
+}
+
+/// One server-sent event.
+#[derive(Clone, Debug)]
+pub struct SseEvent {
+    /// `event:` (`message` when absent).
+    pub event: String,
+    /// `id:`, if any.
+    pub id: Option<String>,
+    /// `data:` lines joined.
+    pub data: String,
+}
+
+/// A server-sent event stream being read.
+pub struct EventStream {
+    body: hyper::body::Incoming,
+    text: String,
+}
+
+impl EventStream {
+    /// The next event (comments skipped); `None` when the stream ends.
+    pub async fn next(&mut self) -> Result<Option<SseEvent>> {
+        loop {
+            if let Some(end) = self.text.find("\n\n") {
+                let frame: String = self.text.drain(..end + 2).collect();
+                let mut e = SseEvent {
+                    event: "message".into(),
+                    id: None,
+                    data: String::new(),
+                };
+                let mut any = false;
+                for line in frame.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        e.event = v.trim().to_string();
+                        any = true;
+                    } else if let Some(v) = line.strip_prefix("id:") {
+                        e.id = Some(v.trim().to_string());
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        e.data.push_str(v.trim_start());
+                        any = true;
+                    }
+                }
+                if any {
+                    return Ok(Some(e));
+                }
+                continue;
+            }
+            match self.body.frame().await {
+                Some(frame) => {
+                    let frame = frame.context("reading the stream")?;
+                    if let Ok(data) = frame.into_data() {
+                        self.text.push_str(&String::from_utf8_lossy(&data));
+                    }
+                }
+                None => return Ok(None),
+            }
+        }
     }
 }

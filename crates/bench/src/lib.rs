@@ -1,7 +1,7 @@
 //! `tarn bench`: the load kit that proves Tarn stays fluid under load.
 //!
-//! Four workloads (`../docs/workloads.md`): `user-home`, `kenai`,
-//! `upload-storm`, `custard`. Each loads its data through the public API
+//! Six workloads (`../docs/workloads.md`): `user-home`, `kenai`,
+//! `upload-storm`, `custard`, `search`, `chat`. Each loads its data through the public API
 //! only, runs closed-loop virtual users with no think time in steps, one after
 //! another with a warm-up each, and measures every step's operations in HDR
 //! histograms beside `GET /api/v1/health` at the same concurrency (the
@@ -29,7 +29,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-pub use client::{Http, Reply};
+pub use client::{EventStream, Http, Reply, SseEvent};
 pub use measure::{OpStats, Recorder, Vu};
 pub use report::{Mark, Plot, Results};
 use server::{ProcSampler, ServerUse, SpawnedServer};
@@ -45,6 +45,10 @@ pub enum Workload {
     UploadStorm,
     /// Thirty people start at once on fifty shared items.
     Custard,
+    /// Words, relevance and sharing at once, over growing pools.
+    Search,
+    /// Rooms, posts and live event streams.
+    Chat,
 }
 
 impl Workload {
@@ -55,6 +59,8 @@ impl Workload {
             Workload::Kenai => "kenai",
             Workload::UploadStorm => "upload-storm",
             Workload::Custard => "custard",
+            Workload::Search => "search",
+            Workload::Chat => "chat",
         }
     }
 }
@@ -155,7 +161,7 @@ pub struct Kit {
     pub quick: bool,
     server: Option<SpawnedServer>,
     /// Processes sampled for server CPU and memory.
-    pids: Vec<u32>,
+    pub(crate) pids: Vec<u32>,
     step_seconds: Option<f64>,
 }
 
@@ -428,6 +434,8 @@ pub async fn run(opts: Options) -> Result<(Results, PathBuf)> {
         Workload::Kenai => workloads::kenai::run(&kit).await?,
         Workload::UploadStorm => workloads::upload_storm::run(&kit).await?,
         Workload::Custard => workloads::custard::run(&kit).await?,
+        Workload::Search => workloads::search::run(&kit).await?,
+        Workload::Chat => workloads::chat::run(&kit).await?,
     };
     let results = Results::new(
         opts.workload.name(),

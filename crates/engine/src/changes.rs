@@ -267,6 +267,8 @@ pub(crate) struct Hub {
     per_user: [Mutex<HashMap<String, usize>>; STRIPES],
     /// Entries the hub has read, for metrics.
     read: AtomicU64,
+    /// Set once the hub's task runs.
+    started: tokio::sync::OnceCell<()>,
 }
 
 impl Hub {
@@ -278,6 +280,7 @@ impl Hub {
             streams: AtomicUsize::new(0),
             per_user: std::array::from_fn(|_| Mutex::new(HashMap::new())),
             read: AtomicU64::new(0),
+            started: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -412,18 +415,29 @@ impl Engine {
             })
             .await?;
         let slot = self.take_stream_slot(actor.username.as_deref())?;
-        // Listen first, then pull what came before: nothing falls between.
+        // The hub starts (if it has not) at the feed's end as of now; then
+        // listen; then pull what came before from the store: nothing falls
+        // between.
+        self.ensure_hub().await?;
         let rx = self.inner.hub.tx.subscribe();
-        self.ensure_hub();
         let mut pending = VecDeque::new();
-        let mut last = since.clone();
+        let mut last = match &since {
+            Some(s) => Some(s.clone()),
+            None => Some(
+                self.retrying(|| async { Ok(self.snapshot().await?.feed_end(CHANGES).await?) })
+                    .await?,
+            ),
+        };
         if let Some(since) = &since {
             let trimmed = self
                 .retrying(|| async { Ok(self.snapshot().await?.get(&trimmed_key()).await?) })
                 .await?;
             if check_not_trimmed(&trimmed, since).is_err() {
                 pending.push_back(Event::Resync);
-                last = None;
+                last = Some(
+                    self.retrying(|| async { Ok(self.snapshot().await?.feed_end(CHANGES).await?) })
+                        .await?,
+                );
             }
         }
         Ok(Subscription {
@@ -470,30 +484,33 @@ impl Engine {
         Ok(slot)
     }
 
-    /// Starts this node's hub once.
-    fn ensure_hub(&self) {
-        if self
-            .inner
-            .hub_started
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            return;
-        }
-        let engine = self.clone();
-        tokio::spawn(async move { engine.run_hub().await });
+    /// Starts this node's hub once, from the feed's end as of the first
+    /// call: every entry after it is handed to the subscribers. Concurrent
+    /// first calls wait for the one that starts it.
+    async fn ensure_hub(&self) -> Result<()> {
+        self.inner
+            .hub
+            .started
+            .get_or_try_init(|| async {
+                let start = self
+                    .retrying(|| async { Ok(self.snapshot().await?.feed_end(CHANGES).await?) })
+                    .await?;
+                let engine = self.clone();
+                tokio::spawn(async move { engine.run_hub(start).await });
+                Ok::<_, EngineError>(())
+            })
+            .await?;
+        Ok(())
     }
 
-    /// The hub: reads the feed from its end in bounded batches and hands
-    /// every entry to the subscribers, until no subscriber is left to care.
-    async fn run_hub(&self) {
+    /// The hub: reads the feed from `start` in bounded batches and hands
+    /// every entry to the subscribers.
+    async fn run_hub(&self, start: Vec<u8>) {
         let hub = &self.inner.hub;
-        let mut cursor = None;
+        let mut cursor = Some(start);
         loop {
             let step = async {
                 let mut snap = self.snapshot().await?;
-                if cursor.is_none() {
-                    cursor = Some(snap.feed_end(CHANGES).await?);
-                }
                 loop {
                     let entries = snap
                         .read_feed(CHANGES, cursor.as_deref(), READ_BATCH)

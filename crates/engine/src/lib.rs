@@ -183,8 +183,6 @@ struct Inner {
     hash_waiting: AtomicUsize,
     /// The node's change hub.
     hub: changes::Hub,
-    /// Whether the hub's task runs.
-    hub_started: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -203,7 +201,6 @@ impl Engine {
                 hashing: tokio::sync::Semaphore::new(hashers),
                 hash_waiting: AtomicUsize::new(0),
                 hub: changes::Hub::new(),
-                hub_started: Default::default(),
             }),
         }
     }

@@ -64,6 +64,7 @@ impl From<EngineError> for ApiError {
             EngineError::NoIndex { .. } => (S::BAD_REQUEST, "no-index"),
             EngineError::IndexBuilding(_) => (S::SERVICE_UNAVAILABLE, "index-building"),
             EngineError::TooLarge(_) => (S::PAYLOAD_TOO_LARGE, "too-large"),
+            EngineError::Gone(_) => (S::GONE, "resync"),
             EngineError::RateLimited { .. } => (S::TOO_MANY_REQUESTS, "rate-limited"),
             EngineError::Unavailable(_) => (S::SERVICE_UNAVAILABLE, "unavailable"),
             _ => (S::INTERNAL_SERVER_ERROR, "internal"),

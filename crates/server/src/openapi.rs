@@ -162,6 +162,16 @@ fn schemas() -> Value {
             "sort": {"type": "array", "items": sort_field},
             "state": {"type": "string", "enum": ["building", "ready", "dropping"]},
             "builtin": {"type": "boolean"}}},
+        "SearchPage": {"type": "object", "properties": {
+            "items": {"type": "array", "items": {"allOf": [schema_ref("Item"), {"type": "object", "properties": {"score": {"type": "number"}}}]}},
+            "next": {"type": ["string", "null"]}}},
+        "Change": {"type": "object", "required": ["cursor", "op", "id", "kind", "version", "at"], "properties": {
+            "cursor": {"type": "string"}, "op": {"type": "string", "enum": ["put", "remove"]},
+            "id": {"type": "string"}, "kind": name, "version": {"type": "integer"}, "at": time,
+            "item": schema_ref("Item")}},
+        "ChangePage": {"type": "object", "properties": {
+            "changes": {"type": "array", "items": schema_ref("Change")},
+            "next": {"type": "string"}}},
         "IndexList": {"type": "object", "properties": {
             "indexes": {"type": "array", "items": schema_ref("Index")}}},
     })

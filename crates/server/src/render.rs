@@ -59,12 +59,17 @@ pub fn item(v: &ItemView) -> Value {
 
 /// `{"name", "kind", "where", "sort", "state"}`.
 pub fn index(d: &IndexDef) -> Value {
-    json!({
+    let mut out = json!({
         "name": d.name,
         "kind": d.kind,
         "where": d.where_,
         "sort": d.sort,
         "state": d.state,
         "builtin": d.kind.is_none(),
-    })
+    });
+    if d.is_text() {
+        out["text"] = json!(d.text);
+        out["language"] = json!(d.language);
+    }
+    out
 }

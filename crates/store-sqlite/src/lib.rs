@@ -115,6 +115,8 @@ struct Shared {
     groups: AtomicU64,
     refused_writes: AtomicU64,
     refused_snapshots: AtomicU64,
+    /// Rows put, deleted or appended by committed writes.
+    rows_written: AtomicU64,
 }
 
 struct Inner {
@@ -647,6 +649,18 @@ fn writer_loop(
         }
         let bytes: usize = group.iter().map(|j| j.bytes).sum();
         let outcomes = commit_group(&mut conn, &group, &mut seqs);
+        let rows: usize = group
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| o.is_ok())
+            .map(|(j, _)| match &j.work {
+                Work::Batch(b) => b.ops.len() + b.appends.len(),
+                Work::Trim { .. } => 0,
+            })
+            .sum();
+        shared
+            .rows_written
+            .fetch_add(rows as u64, Ordering::Relaxed);
         shared.groups.fetch_add(1, Ordering::Relaxed);
         shared
             .commits
@@ -889,6 +903,10 @@ impl Store for SqliteStore {
             (
                 "sqlite_refused_snapshots_total",
                 s.refused_snapshots.load(Ordering::Relaxed),
+            ),
+            (
+                "sqlite_rows_written_total",
+                s.rows_written.load(Ordering::Relaxed),
             ),
             (
                 "sqlite_queued_writes",

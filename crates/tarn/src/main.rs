@@ -47,6 +47,10 @@ enum BenchWorkload {
     UploadStorm,
     /// Thirty people start at the same instant on fifty shared items.
     Custard,
+    /// Search: words, relevance and sharing at once, over growing pools.
+    Search,
+    /// Chat: rooms, posts and live event streams for every user.
+    Chat,
 }
 
 #[derive(Args)]
@@ -434,6 +438,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         BenchWorkload::Kenai => tarn_bench::Workload::Kenai,
         BenchWorkload::UploadStorm => tarn_bench::Workload::UploadStorm,
         BenchWorkload::Custard => tarn_bench::Workload::Custard,
+        BenchWorkload::Search => tarn_bench::Workload::Search,
+        BenchWorkload::Chat => tarn_bench::Workload::Chat,
     };
     let (results, out) = tarn_bench::run(tarn_bench::Options {
         workload,

@@ -1,7 +1,9 @@
-//! The four workloads of workloads.md.
+//! The workloads of workloads.md.
 
+pub mod chat;
 pub mod custard;
 pub mod kenai;
+pub mod search;
 pub mod upload_storm;
 pub mod user_home;
 

@@ -6,7 +6,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tarn_engine::SortField;
+use tarn_engine::{SortField, TextField};
 
 use crate::error::ApiResult;
 use crate::extract::{Auth, JsonBody};
@@ -20,6 +20,11 @@ pub struct Declare {
     where_: Vec<String>,
     #[serde(default)]
     sort: Vec<SortField>,
+    /// A text index's fields (a text index has no `sort`).
+    #[serde(default)]
+    text: Vec<TextField>,
+    /// A text index's stemmer.
+    language: Option<String>,
 }
 
 pub async fn put(
@@ -28,10 +33,32 @@ pub async fn put(
     Path(name): Path<String>,
     JsonBody(body): JsonBody<Declare>,
 ) -> ApiResult<impl IntoResponse> {
-    let (def, created) = s
-        .engine
-        .declare_index(&auth.caller, &name, &body.kind, body.where_, body.sort)
-        .await?;
+    let (def, created) = if body.text.is_empty() {
+        if body.language.is_some() {
+            return Err(crate::error::ApiError::invalid(
+                "language is for text indexes: give text fields",
+            ));
+        }
+        s.engine
+            .declare_index(&auth.caller, &name, &body.kind, body.where_, body.sort)
+            .await?
+    } else {
+        if !body.sort.is_empty() {
+            return Err(crate::error::ApiError::invalid(
+                "a text index has no sort: results are ordered by score",
+            ));
+        }
+        s.engine
+            .declare_text_index(
+                &auth.caller,
+                &name,
+                &body.kind,
+                body.where_,
+                body.text,
+                body.language,
+            )
+            .await?
+    };
     let status = if created {
         StatusCode::CREATED
     } else {

@@ -166,7 +166,7 @@ fn parse_sort(s: &str) -> ApiResult<Vec<SortField>> {
 }
 
 /// `where.<field>=<value>`: JSON when it parses, else a string.
-fn where_value(v: &str) -> Value {
+pub(crate) fn where_value(v: &str) -> Value {
     serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()))
 }
 

@@ -2,9 +2,11 @@
 //! are both built from it, so neither can name a route the other lacks.
 
 mod bodies;
+mod feed;
 mod groups;
 mod indexes;
-mod items;
+pub(crate) mod items;
+mod search;
 mod system;
 mod users;
 
@@ -78,6 +80,42 @@ const PAGE_QUERY: &[(&str, &str)] = &[
     ("cursor", "the next cursor of the previous page"),
 ];
 const KEY_QUERY: &[(&str, &str)] = &[("key", "a link key (or the Tarn-Link-Key header)")];
+const SEARCH_QUERY: &[(&str, &str)] = &[
+    (
+        "q",
+        "the words to find (required; at most 1024 bytes and 16 different words)",
+    ),
+    (
+        "kind",
+        "the kind searched; without it, every text index without where-fields",
+    ),
+    (
+        "match",
+        "all (default): every word; any: at least one, items matching more words first",
+    ),
+    (
+        "prefix",
+        "true: the last word also matches words that start with it",
+    ),
+    ("limit", "page size, 1 to 1000, default 20"),
+    ("cursor", "the next cursor of the previous page"),
+    (
+        "where.{field}",
+        "equality on a where-field of the text index",
+    ),
+];
+const CHANGES_QUERY: &[(&str, &str)] = &[
+    ("since", "a cursor; without it, the current end"),
+    ("kind", "only changes of items of this kind"),
+    ("limit", "the most changes returned, 1 to 1000, default 50"),
+];
+const EVENTS_QUERY: &[(&str, &str)] = &[
+    (
+        "since",
+        "a cursor (or the Last-Event-ID header); without it, from now",
+    ),
+    ("kind", "only changes of items of this kind"),
+];
 
 macro_rules! route {
     ($m:ident $path:literal, $id:literal, $summary:literal, $query:expr, $input:expr, $status:literal $output:expr, $auth:literal, $handler:expr) => {
@@ -125,6 +163,9 @@ pub fn table() -> Vec<Route> {
         route!(PUT "/api/v1/items/{id}/acl", "setAcl", "Replace the ACL (managers); it keeps a manager", &[], I::Json("AclBody"), 200 O::Json("Item"), true, put(items::set_acl)),
         route!(POST "/api/v1/items/{id}/links", "createLink", "Make a link key (managers)", &[], I::Json("NewLink"), 201 O::Json("Link"), true, post(items::create_link)),
         route!(DELETE "/api/v1/items/{id}/links/{key}", "deleteLink", "Remove a link key (managers)", &[], I::None, 204 O::Empty, true, delete(items::delete_link)),
+        route!(GET "/api/v1/search", "search", "Items the caller may read whose words match, best first", SEARCH_QUERY, I::None, 200 O::Json("SearchPage"), true, get(search::search)),
+        route!(GET "/api/v1/changes", "changes", "A page of the changes the caller may see, in commit order", CHANGES_QUERY, I::None, 200 O::Json("ChangePage"), true, get(feed::changes)),
+        route!(GET "/api/v1/events", "events", "The changes the caller may see, live (server-sent events)", EVENTS_QUERY, I::None, 200 O::Text, true, get(feed::events)),
         route!(GET "/api/v1/indexes", "listIndexes", "Every index, built-ins included", &[], I::None, 200 O::Json("IndexList"), true, get(indexes::list)),
         route!(PUT "/api/v1/indexes/{name}", "declareIndex", "Declare an index (admins); 201 new, 200 identical", &[], I::Json("IndexDeclaration"), 201 O::Json("Index"), true, put(indexes::put)),
         route!(GET "/api/v1/indexes/{name}", "getIndex", "One index", &[], I::None, 200 O::Json("Index"), true, get(indexes::get)),

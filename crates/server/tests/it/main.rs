@@ -3,5 +3,6 @@
 
 mod access;
 mod endpoints;
+mod live;
 mod openapi;
 mod support;

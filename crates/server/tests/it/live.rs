@@ -1,0 +1,322 @@
+//! Search, `/changes` and `/events` over HTTP, as api.md writes them.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use crate::support::TestApp;
+
+async fn text_index(app: &TestApp, admin: &str) {
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/doc-text",
+        Some(admin),
+        Some(json!({"kind": "doc", "text": [{"field": "title", "weight": 3}, {"field": "body"}]})),
+    )
+    .await
+    .expect(201);
+    app.wait_index(admin, "doc-text").await;
+}
+
+#[tokio::test]
+async fn search_over_http() {
+    let app = TestApp::new().await;
+    let admin = app.admin().await;
+    let ann = app.user("ann").await;
+    let bob = app.user("bob").await;
+    text_index(&app, &admin).await;
+    let public = json!([{"principal": "everyone", "role": "viewer"}]);
+    let tea = app
+        .item(
+            &ann,
+            "doc",
+            json!({"title": "Green tea", "body": "brewing notes"}),
+            public.clone(),
+        )
+        .await;
+    app.item(
+        &ann,
+        "doc",
+        json!({"title": "Private green tea"}),
+        json!([]),
+    )
+    .await;
+    let r = app
+        .get("/api/v1/search?q=green%20tea&kind=doc", Some(&bob))
+        .await
+        .expect(200);
+    let items = r.json()["items"].as_array().unwrap().clone();
+    assert_eq!(items.len(), 1, "never an unreadable item: {items:?}");
+    assert_eq!(items[0]["id"], tea["id"]);
+    assert!(items[0]["score"].as_f64().unwrap() > 0.0);
+    assert!(r.json()["next"].is_null());
+    // Analysis, prefix and match modes.
+    let count = |q: &str, who: &str| {
+        let (app, q, who) = (&app, q.to_string(), who.to_string());
+        async move {
+            app.get(&format!("/api/v1/search?{q}"), Some(&who))
+                .await
+                .expect(200)
+                .json()["items"]
+                .as_array()
+                .unwrap()
+                .len()
+        }
+    };
+    assert_eq!(count("q=BREWED&kind=doc", &bob).await, 1);
+    assert_eq!(count("q=gree&kind=doc&prefix=true", &bob).await, 1);
+    assert_eq!(count("q=gree&kind=doc", &bob).await, 0);
+    assert_eq!(count("q=green%20nothing&kind=doc&match=any", &ann).await, 2);
+    assert_eq!(count("q=green%20nothing&kind=doc&match=all", &ann).await, 0);
+    assert_eq!(count("q=green", &ann).await, 2, "without a kind");
+    // Refusals, all problems, never a 5xx.
+    for bad in [
+        "/api/v1/search?kind=doc",
+        "/api/v1/search?q=&kind=doc",
+        "/api/v1/search?q=x&kind=doc&match=some",
+        "/api/v1/search?q=x&kind=doc&prefix=yes",
+        "/api/v1/search?q=x&kind=doc&limit=0",
+        "/api/v1/search?q=x&kind=doc&cursor=%21%21",
+        "/api/v1/search?q=x&kind=BAD",
+        "/api/v1/search?q=x&nonsense=1",
+    ] {
+        app.get(bad, Some(&ann)).await.expect(400);
+    }
+    let long = "a%20".repeat(600);
+    let r = app
+        .get(&format!("/api/v1/search?q={long}&kind=doc"), Some(&ann))
+        .await
+        .expect(400);
+    assert!(r.json()["detail"].as_str().unwrap().contains("1024"));
+    let r = app
+        .get("/api/v1/search?q=x&kind=note", Some(&ann))
+        .await
+        .expect(400);
+    assert_eq!(r.json()["type"], "no-index");
+    for odd in ["%F0%9F%8D%B5", "%D7%A9%D7%9C%D7%95%D7%9D", "%00", "e%CC%81"] {
+        app.get(&format!("/api/v1/search?q={odd}&kind=doc"), Some(&ann))
+            .await
+            .expect(200);
+    }
+    // A text index has no sort.
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/bad-text",
+        Some(&admin),
+        Some(json!({"kind": "doc", "text": [{"field": "t"}], "sort": [{"field": "t", "order": "asc"}]})),
+    )
+    .await
+    .expect(400);
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/bad-lang",
+        Some(&admin),
+        Some(json!({"kind": "doc", "text": [{"field": "t"}], "language": "klingon"})),
+    )
+    .await
+    .expect(400);
+}
+
+#[tokio::test]
+async fn changes_over_http() {
+    let app = TestApp::new().await;
+    let ann = app.user("ann").await;
+    let bob = app.user("bob").await;
+    let start = app
+        .get("/api/v1/changes", Some(&bob))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(start["changes"], json!([]));
+    let since = start["next"].as_str().unwrap().to_string();
+    let shared = json!([{"principal": "user:bob", "role": "viewer"}]);
+    let item = app.item(&ann, "doc", json!({"t": 1}), shared).await;
+    let id = item["id"].as_str().unwrap();
+    app.call(
+        Method::DELETE,
+        &format!("/api/v1/items/{id}"),
+        Some(&ann),
+        None,
+    )
+    .await
+    .expect(204);
+    let page = app
+        .get(&format!("/api/v1/changes?since={since}"), Some(&bob))
+        .await
+        .expect(200)
+        .json();
+    let changes = page["changes"].as_array().unwrap();
+    assert_eq!(changes.len(), 2, "{page}");
+    assert_eq!(changes[0]["op"], "put");
+    assert_eq!(changes[0]["item"]["id"], item["id"]);
+    assert_eq!(changes[0]["version"], 1);
+    assert!(changes[0]["at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(changes[1]["op"], "remove");
+    assert!(
+        changes[1].get("item").is_none(),
+        "a remove says nothing more"
+    );
+    for bad in [
+        "since=%21%21",
+        "since=",
+        "limit=0",
+        "limit=abc",
+        "kind=BAD",
+        "other=1",
+    ] {
+        app.get(&format!("/api/v1/changes?{bad}"), Some(&bob))
+            .await
+            .expect(400);
+    }
+    // Anonymous callers see public items only.
+    let anon = app
+        .get(&format!("/api/v1/changes?since={since}"), None)
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(anon["changes"], json!([]));
+}
+
+/// Reads SSE frames from a streaming body until `n` events (not comments)
+/// arrived; returns them as (event, id, data).
+async fn events(
+    body: &mut (impl futures_util::Stream<Item = Result<axum::body::Bytes, axum::Error>> + Unpin),
+    n: usize,
+) -> Vec<(String, Option<String>, String)> {
+    let mut text = String::new();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+            .await
+            .expect("an event within 10 s")
+            .expect("the stream goes on")
+            .unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = text.find("\n\n") {
+            let frame: String = text.drain(..end + 2).collect();
+            let (mut event, mut id, mut data) = ("message".to_string(), None, String::new());
+            let mut comment = true;
+            for line in frame.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().to_string();
+                    comment = false;
+                } else if let Some(v) = line.strip_prefix("id:") {
+                    id = Some(v.trim().to_string());
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim());
+                    comment = false;
+                }
+            }
+            if !comment {
+                out.push((event, id, data));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn events_over_http() {
+    let app = TestApp::new().await;
+    let ann = app.user("ann").await;
+    let bob = app.user("bob").await;
+    app.call(
+        Method::POST,
+        "/api/v1/groups",
+        Some(&ann),
+        Some(json!({"id": "room"})),
+    )
+    .await
+    .expect(201);
+    let open = |since: Option<String>| {
+        let mut req = Request::builder()
+            .uri("/api/v1/events?kind=message")
+            .header("authorization", format!("Bearer {bob}"));
+        if let Some(s) = since {
+            req = req.header("last-event-id", s);
+        }
+        app.router.clone().oneshot(req.body(Body::empty()).unwrap())
+    };
+    let res = open(None).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let mut body = res.into_body().into_data_stream();
+    let room = json!([{"principal": "group:room", "role": "viewer"}]);
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/room/members/user:bob",
+        Some(&ann),
+        None,
+    )
+    .await
+    .expect(204);
+    let first = events(&mut body, 1).await;
+    assert_eq!(first[0].0, "resync", "joining a group resyncs");
+    assert_eq!(first[0].2, "{}");
+    let m1 = app
+        .item(&ann, "message", json!({"text": "one"}), room.clone())
+        .await;
+    app.item(
+        &ann,
+        "doc",
+        json!({}),
+        json!([{"principal": "user:bob", "role": "viewer"}]),
+    )
+    .await;
+    let m2 = app
+        .item(&ann, "message", json!({"text": "two"}), room.clone())
+        .await;
+    let got = events(&mut body, 2).await;
+    let data: Vec<Value> = got
+        .iter()
+        .map(|e| serde_json::from_str(&e.2).unwrap())
+        .collect();
+    assert_eq!(data[0]["item"]["id"], m1["id"]);
+    assert_eq!(data[1]["item"]["id"], m2["id"], "other kinds filtered out");
+    assert_eq!(
+        got[0].1.as_deref(),
+        data[0]["cursor"].as_str(),
+        "id: is the cursor"
+    );
+    drop(body);
+    // Resuming with Last-Event-ID: nothing lost, nothing repeated.
+    let m3 = app
+        .item(&ann, "message", json!({"text": "three"}), room.clone())
+        .await;
+    let res = open(got[0].1.clone()).await.unwrap();
+    let mut body = res.into_body().into_data_stream();
+    let resumed = events(&mut body, 2).await;
+    let ids: Vec<Value> = resumed
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(&e.2).unwrap()["item"]["id"].clone())
+        .collect();
+    assert_eq!(ids, vec![m2["id"].clone(), m3["id"].clone()]);
+    // A bad cursor is refused before streaming.
+    let res = open(Some("%%%".into())).await.unwrap();
+    assert_eq!(res.status(), 400);
+    // Anonymous streams see public items.
+    let req = Request::builder()
+        .uri("/api/v1/events")
+        .body(Body::empty())
+        .unwrap();
+    let res = app.router.clone().oneshot(req).await.unwrap();
+    let mut body = res.into_body().into_data_stream();
+    let public = app
+        .item(
+            &ann,
+            "message",
+            json!({}),
+            json!([{"principal": "everyone", "role": "viewer"}]),
+        )
+        .await;
+    let got = events(&mut body, 1).await;
+    let v: Value = serde_json::from_str(&got[0].2).unwrap();
+    assert_eq!(v["id"], public["id"]);
+}
