@@ -110,7 +110,8 @@ struct ServeArgs {
     signup: Option<Signup>,
     /// A TOML file with any of: listen, data, store, signup, grace_seconds,
     /// max_json_bytes, session_ttl_hours, max_properties_bytes,
-    /// max_body_bytes, trusted_proxies. Flags and environment win over it.
+    /// max_body_bytes, trusted_proxies, feed_retention_hours, max_streams,
+    /// max_streams_per_user, groups_per_hour. Flags and environment win over it.
     #[arg(long, env = "TARN_CONFIG")]
     config: Option<PathBuf>,
     /// Seconds requests in flight get to finish after SIGTERM or SIGINT [default: 10].
@@ -133,6 +134,18 @@ struct ServeArgs {
     /// one of them [default: none, the TCP peer is the client].
     #[arg(long, env = "TARN_TRUSTED_PROXIES", value_delimiter = ',')]
     trusted_proxies: Option<Vec<Cidr>>,
+    /// How long changes are kept for /changes and /events, in hours [default: 168].
+    #[arg(long, env = "TARN_FEED_RETENTION_HOURS")]
+    feed_retention_hours: Option<u64>,
+    /// Event streams open at once on this node [default: 10000].
+    #[arg(long, env = "TARN_MAX_STREAMS")]
+    max_streams: Option<usize>,
+    /// Event streams one user may hold open on this node [default: 16].
+    #[arg(long, env = "TARN_MAX_STREAMS_PER_USER")]
+    max_streams_per_user: Option<usize>,
+    /// Groups one user may create per hour (administrators are not counted) [default: 100].
+    #[arg(long, env = "TARN_GROUPS_PER_HOUR")]
+    groups_per_hour: Option<u32>,
 }
 
 /// The settings a config file may hold.
@@ -149,6 +162,10 @@ struct FileConfig {
     max_properties_bytes: Option<usize>,
     max_body_bytes: Option<u64>,
     trusted_proxies: Option<Vec<String>>,
+    feed_retention_hours: Option<u64>,
+    max_streams: Option<usize>,
+    max_streams_per_user: Option<usize>,
+    groups_per_hour: Option<u32>,
 }
 
 #[derive(Args)]
@@ -292,6 +309,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .max_body_bytes
             .or(file.max_body_bytes)
             .unwrap_or(defaults.max_body),
+        feed_retention: args
+            .feed_retention_hours
+            .or(file.feed_retention_hours)
+            .map_or(defaults.feed_retention, |h| Duration::from_secs(h * 3600)),
+        max_streams: args
+            .max_streams
+            .or(file.max_streams)
+            .unwrap_or(defaults.max_streams),
+        max_streams_per_user: args
+            .max_streams_per_user
+            .or(file.max_streams_per_user)
+            .unwrap_or(defaults.max_streams_per_user),
+        groups_per_hour: args
+            .groups_per_hour
+            .or(file.groups_per_hour)
+            .unwrap_or(defaults.groups_per_hour),
         ..defaults
     };
 

@@ -239,3 +239,169 @@ fn one_session_across_two_nodes() {
     let r = call(b.addr, "GET", &item, Some(&alice), None);
     assert_eq!(r.json()["version"], first + 5);
 }
+
+/// Reads SSE events from a raw stream until `n` changes arrived (frames
+/// are consumed as they complete, so nothing is counted twice).
+fn sse_events(s: &mut std::net::TcpStream, pending: &mut String, n: usize) -> Vec<serde_json::Value> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        while let Some(end) = pending.find("\n\n") {
+            let frame: String = pending.drain(..end + 2).collect();
+            for line in frame.lines() {
+                if let Some(d) = line.strip_prefix("data:") {
+                    if let Ok(v) = serde_json::from_str::<serde_json::Value>(d.trim()) {
+                        if v.get("cursor").is_some() {
+                            out.push(v);
+                        }
+                    }
+                }
+            }
+        }
+        if out.len() >= n {
+            return out;
+        }
+        let k = s.read(&mut buf).expect("the stream stays open");
+        assert!(k > 0, "the stream ended early");
+        pending.push_str(&String::from_utf8_lossy(&buf[..k]));
+    }
+}
+
+#[test]
+fn changes_reach_every_node_exactly_once() {
+    use std::io::Write;
+    let url = fresh_url();
+    let a = start(&url);
+    let b = start(&url);
+    for u in ["ann", "bob"] {
+        let r = call(
+            a.addr,
+            "POST",
+            "/api/v1/users",
+            None,
+            Some(json!({"username": u, "password": format!("{u}-password")})),
+        );
+        assert_eq!(r.status, 201);
+    }
+    let token = |addr, u: &str| {
+        call(
+            addr,
+            "POST",
+            "/api/v1/sessions",
+            None,
+            Some(json!({"username": u, "password": format!("{u}-password")})),
+        )
+        .json()["token"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let ann = token(a.addr, "ann");
+    let bob = token(b.addr, "bob");
+    // Bob listens on node B.
+    let mut stream = crate::http::connect(b.addr);
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .write_all(
+            format!(
+                "GET /api/v1/events HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {bob}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let start_cursor = call(b.addr, "GET", "/api/v1/changes", Some(&bob), None).json()["next"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Give the stream a moment to be registered before writing.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let shared = json!([{"principal": "user:bob", "role": "viewer"}]);
+    let first = call(
+        a.addr,
+        "POST",
+        "/api/v1/items",
+        Some(&ann),
+        Some(json!({"kind": "doc", "properties": {"n": -1}, "acl": shared})),
+    );
+    assert_eq!(first.status, 201);
+    let mut pending = String::new();
+    let got = sse_events(&mut stream, &mut pending, 1);
+    assert_eq!(got[0]["item"]["id"], first.json()["id"], "a write on A reaches a stream on B");
+    // A burst of writers on both nodes; a poller on B must see every change
+    // exactly once, in an order where each item's versions ascend.
+    let addrs = [a.addr, b.addr];
+    let writers: Vec<_> = (0..6)
+        .map(|w| {
+            let ann = ann.clone();
+            let shared = shared.clone();
+            let addr = addrs[w % 2];
+            std::thread::spawn(move || {
+                let mut ids = Vec::new();
+                for i in 0..15 {
+                    let r = call(
+                        addr,
+                        "POST",
+                        "/api/v1/items",
+                        Some(&ann),
+                        Some(json!({"kind": "doc", "properties": {"n": w * 100 + i}, "acl": shared})),
+                    );
+                    assert_eq!(r.status, 201);
+                    let id = r.json()["id"].as_str().unwrap().to_string();
+                    let p = call(
+                        addr,
+                        "PATCH",
+                        &format!("/api/v1/items/{id}"),
+                        Some(&ann),
+                        Some(json!({"properties": {"edited": true}})),
+                    );
+                    assert_eq!(p.status, 200);
+                    ids.push(id);
+                }
+                ids
+            })
+        })
+        .collect();
+    let mut made = std::collections::BTreeSet::new();
+    for w in writers {
+        made.extend(w.join().unwrap());
+    }
+    let mut seen: Vec<(String, u64)> = Vec::new();
+    let mut cursor = start_cursor;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while seen.len() < 1 + 2 * made.len() && std::time::Instant::now() < deadline {
+        let page = call(
+            b.addr,
+            "GET",
+            &format!("/api/v1/changes?since={cursor}&limit=17"),
+            Some(&bob),
+            None,
+        )
+        .json();
+        for c in page["changes"].as_array().unwrap() {
+            seen.push((
+                c["id"].as_str().unwrap().to_string(),
+                c["version"].as_u64().unwrap(),
+            ));
+        }
+        cursor = page["next"].as_str().unwrap().to_string();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let unique: std::collections::BTreeSet<&(String, u64)> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "no change twice");
+    assert_eq!(seen.len(), 1 + 2 * made.len(), "every change once");
+    for id in &made {
+        let versions: Vec<u64> = seen.iter().filter(|(i, _)| i == id).map(|(_, v)| *v).collect();
+        assert_eq!(versions, vec![1, 2], "an item's changes in version order");
+    }
+    // The stream on B saw them all too, exactly once.
+    let live = sse_events(&mut stream, &mut pending, 2 * made.len());
+    let keys: std::collections::BTreeSet<String> = live
+        .iter()
+        .map(|c| format!("{}@{}", c["id"], c["version"]))
+        .collect();
+    assert_eq!(keys.len(), live.len(), "no event twice");
+    assert_eq!(live.len(), 2 * made.len());
+}

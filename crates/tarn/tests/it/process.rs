@@ -244,6 +244,12 @@ fn help_explains_every_setting() {
         "TARN_LISTEN",
         "TARN_DATA",
         "TARN_STORE",
+        "--trusted-proxies",
+        "TARN_TRUSTED_PROXIES",
+        "--feed-retention-hours",
+        "TARN_FEED_RETENTION_HOURS",
+        "--max-streams",
+        "--max-streams-per-user",
     ] {
         assert!(text.contains(flag), "serve --help lacks {flag}: {text}");
     }
