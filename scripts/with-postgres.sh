@@ -39,9 +39,27 @@ cleanup() {
 trap cleanup EXIT
 
 "${AS[@]}" "$BIN/initdb" -D "$DIR/data" -U tarn --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+# TLS: a throwaway CA and a server certificate for 127.0.0.1, so tests can
+# connect with sslmode=verify-full (TARN_TEST_POSTGRES_CA) as well as without.
+TLS="$DIR/tls"
+mkdir -p "$TLS"
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=tarn test CA" \
+  -keyout "$TLS/ca.key" -out "$TLS/ca.pem" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+  -keyout "$TLS/server.key" -out "$TLS/server.csr" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' > "$TLS/ext.cnf"
+openssl x509 -req -in "$TLS/server.csr" -CA "$TLS/ca.pem" -CAkey "$TLS/ca.key" -CAcreateserial \
+  -days 2 -extfile "$TLS/ext.cnf" -out "$TLS/server.pem" 2>/dev/null
+# A second CA that signed nothing: trusting it must fail.
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=another CA" \
+  -keyout "$TLS/other.key" -out "$TLS/other.pem" 2>/dev/null
+cp "$TLS/server.pem" "$TLS/server.key" "$DIR/data/"
+chmod 600 "$DIR/data/server.key"
+[ "$(id -u)" -eq 0 ] && chown postgres "$DIR/data/server.pem" "$DIR/data/server.key"
+chmod 644 "$TLS/ca.pem" "$TLS/other.pem"
 # Tests check semantics, not durability: skip fsyncs to keep them fast,
 # unless TARN_PG_DURABLE=1 (benchmarks: every commit is fsynced, as in use).
-OPTS="-p $PORT -k $DIR -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=512MB"
+OPTS="-p $PORT -k $DIR -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=512MB -c ssl=on -c ssl_cert_file=server.pem -c ssl_key_file=server.key"
 if [ "${TARN_PG_DURABLE:-0}" != 1 ]; then
   OPTS="$OPTS -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
 fi
@@ -49,6 +67,8 @@ fi
 "${AS[@]}" "$BIN/createdb" -h 127.0.0.1 -p "$PORT" -U tarn tarn
 
 export TARN_TEST_POSTGRES="postgres://tarn@127.0.0.1:$PORT/tarn"
+export TARN_TEST_POSTGRES_CA="$TLS/ca.pem"
+export TARN_TEST_POSTGRES_OTHER_CA="$TLS/other.pem"
 echo "with-postgres: PostgreSQL $("$BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PORT" >&2
 set +e
 "$@"

@@ -102,20 +102,36 @@ fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
     }
 }
 
-/// Splits Tarn's own `schema` parameter off a URL.
-fn split_schema(url: &str) -> (String, Option<String>) {
+/// Tarn's own parameters of a PostgreSQL URL, split off before the rest
+/// goes to the driver.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Params {
+    /// `schema=NAME`: keep Tarn's tables in a schema of their own.
+    schema: Option<String>,
+    /// `sslmode=disable|prefer|require|verify-ca|verify-full` (libpq's).
+    sslmode: Option<String>,
+    /// `sslrootcert=FILE`: the CA certificates (PEM) to trust.
+    sslrootcert: Option<String>,
+}
+
+/// Splits Tarn's own parameters off a URL.
+fn split_params(url: &str) -> (String, Params) {
+    let mut params = Params::default();
     let Some((base, query)) = url.split_once('?') else {
-        return (url.to_string(), None);
+        return (url.to_string(), params);
     };
-    let mut schema = None;
     let rest: Vec<&str> = query
         .split('&')
-        .filter(|kv| match kv.strip_prefix("schema=") {
-            Some(s) => {
-                schema = Some(s.to_string());
-                false
-            }
-            None => true,
+        .filter(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            let slot = match k {
+                "schema" => &mut params.schema,
+                "sslmode" => &mut params.sslmode,
+                "sslrootcert" => &mut params.sslrootcert,
+                _ => return true,
+            };
+            *slot = Some(v.to_string());
+            false
         })
         .collect();
     let url = if rest.is_empty() {
@@ -123,7 +139,163 @@ fn split_schema(url: &str) -> (String, Option<String>) {
     } else {
         format!("{base}?{}", rest.join("&"))
     };
-    (url, schema)
+    (url, params)
+}
+
+/// How a connection is secured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TlsMode {
+    /// No TLS (`disable`, `prefer`, or no `sslmode`).
+    Off,
+    /// TLS, the server's certificate not checked (`require`, as libpq).
+    Encrypt,
+    /// TLS, the certificate checked against the CA, not the host name.
+    VerifyCa,
+    /// TLS, the certificate checked against the CA and the host name.
+    VerifyFull,
+}
+
+fn tls_mode(sslmode: Option<&str>) -> StoreResult<TlsMode> {
+    match sslmode {
+        None | Some("disable") | Some("prefer") => Ok(TlsMode::Off),
+        Some("require") => Ok(TlsMode::Encrypt),
+        Some("verify-ca") => Ok(TlsMode::VerifyCa),
+        Some("verify-full") => Ok(TlsMode::VerifyFull),
+        Some(other) => Err(StoreError::Invalid(format!(
+            "sslmode {other:?}: use disable, prefer, require, verify-ca or verify-full"
+        ))),
+    }
+}
+
+mod tls {
+    //! Certificate checks for the three TLS modes.
+
+    use std::sync::Arc;
+
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::client::WebPkiServerVerifier;
+    use rustls::crypto::CryptoProvider;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{ClientConfig, DigitallySignedStruct, Error, RootCertStore, SignatureScheme};
+    use tarn_store::{StoreError, StoreResult};
+
+    use super::TlsMode;
+
+    fn provider() -> Arc<CryptoProvider> {
+        Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    /// The trusted roots: the file's certificates, or Mozilla's.
+    fn roots(file: Option<&str>) -> StoreResult<RootCertStore> {
+        let mut roots = RootCertStore::empty();
+        match file {
+            Some(f) => {
+                let certs = CertificateDer::pem_file_iter(f)
+                    .map_err(|e| StoreError::Invalid(format!("sslrootcert {f}: {e}")))?;
+                for c in certs {
+                    let c = c.map_err(|e| StoreError::Invalid(format!("sslrootcert {f}: {e}")))?;
+                    roots
+                        .add(c)
+                        .map_err(|e| StoreError::Invalid(format!("sslrootcert {f}: {e}")))?;
+                }
+            }
+            None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        }
+        Ok(roots)
+    }
+
+    /// Checks the chain, and the host name only if `hostname`; or nothing
+    /// at all without `inner` (libpq's `require`).
+    #[derive(Debug)]
+    struct Verifier {
+        inner: Option<Arc<WebPkiServerVerifier>>,
+        hostname: bool,
+        provider: Arc<CryptoProvider>,
+    }
+
+    impl ServerCertVerifier for Verifier {
+        fn verify_server_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+            server_name: &ServerName<'_>,
+            ocsp: &[u8],
+            now: UnixTime,
+        ) -> Result<ServerCertVerified, Error> {
+            let Some(inner) = &self.inner else {
+                return Ok(ServerCertVerified::assertion());
+            };
+            match inner.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+                Err(Error::InvalidCertificate(rustls::CertificateError::NotValidForName))
+                | Err(Error::InvalidCertificate(
+                    rustls::CertificateError::NotValidForNameContext { .. },
+                )) if !self.hostname => Ok(ServerCertVerified::assertion()),
+                other => other,
+            }
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.provider.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.provider.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.provider
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    }
+
+    /// The client configuration of a TLS mode.
+    pub(super) fn config(mode: TlsMode, rootcert: Option<&str>) -> StoreResult<ClientConfig> {
+        let provider = provider();
+        let inner = match mode {
+            TlsMode::Off | TlsMode::Encrypt => None,
+            TlsMode::VerifyCa | TlsMode::VerifyFull => Some(
+                WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(roots(rootcert)?),
+                    provider.clone(),
+                )
+                .build()
+                .map_err(|e| StoreError::Invalid(format!("TLS roots: {e}")))?,
+            ),
+        };
+        let verifier = Verifier {
+            inner,
+            hostname: mode == TlsMode::VerifyFull,
+            provider: provider.clone(),
+        };
+        Ok(ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| StoreError::Invalid(format!("TLS: {e}")))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
+            .with_no_client_auth())
+    }
 }
 
 fn check_schema_name(s: &str) -> StoreResult<()> {
@@ -149,20 +321,30 @@ impl PgStore {
 
     /// Connects with options.
     pub async fn connect_with(url: &str, options: PgOptions) -> StoreResult<PgStore> {
-        let (url, schema) = split_schema(url);
+        let (url, params) = split_params(url);
+        let schema = params.schema.clone();
         let mut config = tokio_postgres::Config::from_str(&url)
             .map_err(|e| StoreError::Invalid(format!("PostgreSQL URL: {e}")))?;
         if let Some(s) = &schema {
             check_schema_name(s)?;
             config.options(format!("-c search_path={s}"));
         }
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let mode = tls_mode(params.sslmode.as_deref())?;
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match mode {
+            TlsMode::Off => Manager::from_config(config, NoTls, manager_config),
+            mode => {
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                let tls = tls::config(mode, params.sslrootcert.as_deref())?;
+                Manager::from_config(
+                    config,
+                    tokio_postgres_rustls::MakeRustlsConnect::new(tls),
+                    manager_config,
+                )
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(options.pool_size)
             .build()
@@ -634,6 +816,22 @@ async fn apply(tx: &deadpool_postgres::Client, batch: &Batch) -> StoreResult<()>
     }
 }
 
+impl PgStore {
+    /// Whether this store's connections use TLS (asks the server).
+    #[doc(hidden)]
+    pub async fn uses_tls(&self) -> StoreResult<bool> {
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let row = client
+            .query_one(
+                "SELECT coalesce((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
+                &[],
+            )
+            .await
+            .map_err(map_err)?;
+        Ok(row.get(0))
+    }
+}
+
 /// A write applied but not yet committed (tests make transactions commit
 /// in another order than they started).
 #[doc(hidden)]
@@ -669,22 +867,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn schema_parameter_is_tarns_own() {
+    fn tarns_parameters_are_its_own() {
         assert_eq!(
-            split_schema("postgres://u@h/db"),
-            ("postgres://u@h/db".into(), None)
+            split_params("postgres://u@h/db"),
+            ("postgres://u@h/db".into(), Params::default())
         );
+        let (url, p) = split_params("postgres://u@h/db?schema=t1");
         assert_eq!(
-            split_schema("postgres://u@h/db?schema=t1"),
-            ("postgres://u@h/db".into(), Some("t1".into()))
+            (url.as_str(), p.schema.as_deref()),
+            ("postgres://u@h/db", Some("t1"))
         );
-        assert_eq!(
-            split_schema("postgres://u@h/db?sslmode=disable&schema=t1"),
-            (
-                "postgres://u@h/db?sslmode=disable".into(),
-                Some("t1".into())
-            )
+        let (url, p) = split_params(
+            "postgres://u@h/db?connect_timeout=5&sslmode=verify-full&schema=t1&sslrootcert=/ca.pem",
         );
+        assert_eq!(url, "postgres://u@h/db?connect_timeout=5");
+        assert_eq!(p.sslmode.as_deref(), Some("verify-full"));
+        assert_eq!(p.sslrootcert.as_deref(), Some("/ca.pem"));
+        assert_eq!(tls_mode(Some("verify-ca")).unwrap(), TlsMode::VerifyCa);
+        assert_eq!(tls_mode(None).unwrap(), TlsMode::Off);
+        assert!(tls_mode(Some("always")).is_err());
         assert!(check_schema_name("t_1").is_ok());
         assert!(check_schema_name("x; drop").is_err());
     }

@@ -177,3 +177,47 @@ async fn a_feed_poller_never_skips_a_late_commit() {
     assert_eq!(seen[0], b"slow".to_vec(), "the first to start comes first");
     assert!(seen.contains(&vec![b'f', 4]));
 }
+
+/// PostgreSQL over TLS: verify-full with the CA that signed the server's
+/// certificate works and is encrypted; another CA is refused; require
+/// encrypts without checking; no sslmode stays in the clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_connections_verify_the_server() {
+    let ca = std::env::var("TARN_TEST_POSTGRES_CA")
+        .expect("TARN_TEST_POSTGRES_CA is not set: run the tests through scripts/with-postgres.sh");
+    let other = std::env::var("TARN_TEST_POSTGRES_OTHER_CA").expect("TARN_TEST_POSTGRES_OTHER_CA");
+    let url = fresh_url();
+    let full = PgStore::connect(&format!("{url}&sslmode=verify-full&sslrootcert={ca}"))
+        .await
+        .expect("verify-full with the right CA");
+    assert!(full.uses_tls().await.unwrap(), "verify-full encrypts");
+    let mut w = Batch::new();
+    w.put(Key::new(Table::new("tls"), b"p", b"c"), b"v".to_vec(), 1);
+    full.write(w).await.unwrap();
+    let ca_only = PgStore::connect(&format!("{url}&sslmode=verify-ca&sslrootcert={ca}"))
+        .await
+        .expect("verify-ca with the right CA");
+    assert!(ca_only.uses_tls().await.unwrap());
+    match PgStore::connect(&format!("{url}&sslmode=verify-full&sslrootcert={other}")).await {
+        Err(StoreError::Unavailable(m)) => assert!(
+            m.to_lowercase().contains("certificate") || m.contains("tls") || m.contains("TLS"),
+            "{m}"
+        ),
+        Err(e) => panic!("expected a refused certificate, got {e}"),
+        Ok(_) => panic!("a server whose certificate the CA did not sign must be refused"),
+    }
+    let require = PgStore::connect(&format!("{url}&sslmode=require"))
+        .await
+        .unwrap();
+    assert!(require.uses_tls().await.unwrap(), "require encrypts");
+    let plain = PgStore::connect(&url).await.unwrap();
+    assert!(!plain.uses_tls().await.unwrap(), "no sslmode: in the clear");
+    match PgStore::connect(&format!(
+        "{url}&sslmode=verify-full&sslrootcert=/nonexistent/ca.pem"
+    ))
+    .await
+    {
+        Err(StoreError::Invalid(m)) => assert!(m.contains("sslrootcert"), "{m}"),
+        other => panic!("{:?}", other.err()),
+    }
+}

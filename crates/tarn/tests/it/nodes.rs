@@ -242,7 +242,11 @@ fn one_session_across_two_nodes() {
 
 /// Reads SSE events from a raw stream until `n` changes arrived (frames
 /// are consumed as they complete, so nothing is counted twice).
-fn sse_events(s: &mut std::net::TcpStream, pending: &mut String, n: usize) -> Vec<serde_json::Value> {
+fn sse_events(
+    s: &mut std::net::TcpStream,
+    pending: &mut String,
+    n: usize,
+) -> Vec<serde_json::Value> {
     use std::io::Read;
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
@@ -329,7 +333,11 @@ fn changes_reach_every_node_exactly_once() {
     assert_eq!(first.status, 201);
     let mut pending = String::new();
     let got = sse_events(&mut stream, &mut pending, 1);
-    assert_eq!(got[0]["item"]["id"], first.json()["id"], "a write on A reaches a stream on B");
+    assert_eq!(
+        got[0]["item"]["id"],
+        first.json()["id"],
+        "a write on A reaches a stream on B"
+    );
     // A burst of writers on both nodes; a poller on B must see every change
     // exactly once, in an order where each item's versions ascend.
     let addrs = [a.addr, b.addr];
@@ -346,7 +354,9 @@ fn changes_reach_every_node_exactly_once() {
                         "POST",
                         "/api/v1/items",
                         Some(&ann),
-                        Some(json!({"kind": "doc", "properties": {"n": w * 100 + i}, "acl": shared})),
+                        Some(
+                            json!({"kind": "doc", "properties": {"n": w * 100 + i}, "acl": shared}),
+                        ),
                     );
                     assert_eq!(r.status, 201);
                     let id = r.json()["id"].as_str().unwrap().to_string();
@@ -393,7 +403,11 @@ fn changes_reach_every_node_exactly_once() {
     assert_eq!(unique.len(), seen.len(), "no change twice");
     assert_eq!(seen.len(), 1 + 2 * made.len(), "every change once");
     for id in &made {
-        let versions: Vec<u64> = seen.iter().filter(|(i, _)| i == id).map(|(_, v)| *v).collect();
+        let versions: Vec<u64> = seen
+            .iter()
+            .filter(|(i, _)| i == id)
+            .map(|(_, v)| *v)
+            .collect();
         assert_eq!(versions, vec![1, 2], "an item's changes in version order");
     }
     // The stream on B saw them all too, exactly once.
