@@ -33,6 +33,7 @@ mod schema;
 mod search;
 pub mod text;
 mod throttle;
+mod transfer;
 mod users;
 
 use std::future::Future;
@@ -54,6 +55,7 @@ pub use model::{
 };
 pub use search::{Hit, SearchPage, SearchQuery, MAX_QUERY, MAX_WORDS};
 pub use throttle::{ADDRESS_FAILURES, PAIR_FAILURES};
+pub use transfer::{Importer, Moved, Record};
 pub use users::{Me, NewUser, PasswordCost};
 
 /// Who is asking, as a request presents it. Credentials are checked inside

@@ -284,6 +284,13 @@ impl Snapshot for MeteredSnapshot {
         self.metrics.store_call(1, t, &r);
         r
     }
+    async fn scan_all(
+        &mut self,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<(Vec<(Key, tarn_store::Row)>, Option<Vec<u8>>)> {
+        self.inner.scan_all(cursor, limit).await
+    }
     async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
         let t = Instant::now();
         let r = self.inner.feed_end(feed).await;

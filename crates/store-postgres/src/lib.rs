@@ -532,6 +532,74 @@ impl Snapshot for PgSnapshot {
             .collect())
     }
 
+    async fn scan_all(
+        &mut self,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<(Vec<(Key, Row)>, Option<Vec<u8>>)> {
+        let after = cursor.map(tarn_store::decode_row_cursor).transpose()?;
+        let limit = limit.clamp(1, tarn_store::MAX_READ_ROWS);
+        let client = self.begun().await?;
+        let rows = match &after {
+            None => {
+                let stmt = client
+                    .prepare_cached(
+                        "SELECT tbl, part, clus, value, version FROM tarn_rows
+                         ORDER BY tbl, part, clus LIMIT $1",
+                    )
+                    .await
+                    .map_err(map_err)?;
+                client.query(&stmt, &[&(limit as i64)]).await
+            }
+            Some(k) => {
+                let stmt = client
+                    .prepare_cached(
+                        "SELECT tbl, part, clus, value, version FROM tarn_rows
+                         WHERE (tbl, part, clus) > ($1, $2, $3)
+                         ORDER BY tbl, part, clus LIMIT $4",
+                    )
+                    .await
+                    .map_err(map_err)?;
+                client
+                    .query(
+                        &stmt,
+                        &[
+                            &k.table.name(),
+                            &k.partition,
+                            &k.clustering,
+                            &(limit as i64),
+                        ],
+                    )
+                    .await
+            }
+        }
+        .map_err(map_err)?;
+        let full = rows.len() == limit;
+        let mut out = Vec::with_capacity(rows.len());
+        let mut last = None;
+        for r in rows {
+            let t: String = r.get(0);
+            let table =
+                Table::named(&t).ok_or_else(|| StoreError::Corrupt(format!("table name {t:?}")))?;
+            let clustering: Vec<u8> = r.get(2);
+            let key = Key::new(table, r.get::<_, Vec<u8>>(1), clustering.clone());
+            last = Some(tarn_store::encode_row_cursor(&key));
+            // Placeholders of guards in flight are not rows.
+            if r.get::<_, i64>(4) == PLACEHOLDER {
+                continue;
+            }
+            out.push((
+                key,
+                Row {
+                    clustering,
+                    value: r.get(3),
+                    version: r.get::<_, i64>(4) as u64,
+                },
+            ));
+        }
+        Ok((out, if full { last } else { None }))
+    }
+
     async fn feed_end(&mut self, _feed: Table) -> StoreResult<Vec<u8>> {
         let client = self.begun().await?;
         let row = client

@@ -554,6 +554,63 @@ impl Snapshot for SqliteSnapshot {
         read().map_err(map_err)
     }
 
+    async fn scan_all(
+        &mut self,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<(Vec<(Key, Row)>, Option<Vec<u8>>)> {
+        let after = cursor.map(tarn_store::decode_row_cursor).transpose()?;
+        let limit = limit.clamp(1, MAX_READ_ROWS);
+        let conn = self.conn().map_err(map_err)?;
+        let read = || -> rusqlite::Result<Vec<(String, Vec<u8>, Row)>> {
+            let map = |r: &rusqlite::Row<'_>| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    Row {
+                        clustering: r.get(2)?,
+                        value: r.get(3)?,
+                        version: r.get::<_, i64>(4)? as u64,
+                    },
+                ))
+            };
+            match &after {
+                None => conn
+                    .prepare_cached(
+                        "SELECT tbl, part, clus, value, version FROM rows
+                         ORDER BY tbl, part, clus LIMIT ?1",
+                    )?
+                    .query_map(params![limit as i64], map)?
+                    .collect(),
+                Some(k) => conn
+                    .prepare_cached(
+                        "SELECT tbl, part, clus, value, version FROM rows
+                         WHERE (tbl, part, clus) > (?1, ?2, ?3)
+                         ORDER BY tbl, part, clus LIMIT ?4",
+                    )?
+                    .query_map(
+                        params![k.table.name(), k.partition, k.clustering, limit as i64],
+                        map,
+                    )?
+                    .collect(),
+            }
+        };
+        let rows = read().map_err(map_err)?;
+        let full = rows.len() == limit;
+        let mut out = Vec::with_capacity(rows.len());
+        for (t, part, row) in rows {
+            let table =
+                Table::named(&t).ok_or_else(|| StoreError::Corrupt(format!("table name {t:?}")))?;
+            out.push((Key::new(table, part, row.clustering.clone()), row));
+        }
+        let next = if full {
+            out.last().map(|(k, _)| tarn_store::encode_row_cursor(k))
+        } else {
+            None
+        };
+        Ok((out, next))
+    }
+
     async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
         let conn = self.conn().map_err(map_err)?;
         let last: Option<i64> = conn

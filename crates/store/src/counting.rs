@@ -117,6 +117,15 @@ impl Snapshot for CountingSnapshot {
         Ok(out)
     }
 
+    async fn scan_all(
+        &mut self,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<(Vec<(Key, crate::Row)>, Option<Vec<u8>>)> {
+        self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.scan_all(cursor, limit).await
+    }
+
     async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
         self.counters.calls.fetch_add(1, Ordering::Relaxed);
         self.inner.feed_end(feed).await

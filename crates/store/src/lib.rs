@@ -98,6 +98,28 @@ impl Table {
     pub const fn name(self) -> &'static str {
         self.0
     }
+
+    /// A table by a name known only at run time (read back from a store
+    /// or a cursor): valid names only; each distinct name is kept for the
+    /// process's lifetime, and there are few.
+    pub fn named(name: &str) -> Option<Table> {
+        use std::collections::BTreeMap;
+        use std::sync::Mutex;
+        static NAMES: Mutex<BTreeMap<String, &'static str>> = Mutex::new(BTreeMap::new());
+        let b = name.as_bytes();
+        let valid = !b.is_empty()
+            && b.len() <= 32
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_');
+        if !valid {
+            return None;
+        }
+        let mut names = NAMES.lock().expect("table names");
+        let s = *names
+            .entry(name.to_string())
+            .or_insert_with(|| Box::leak(name.to_string().into_boxed_str()));
+        Some(Table(s))
+    }
 }
 
 /// The address of one row.
@@ -509,6 +531,18 @@ pub trait Snapshot: Send {
         limit: usize,
     ) -> StoreResult<Vec<FeedEntry>>;
 
+    /// At most `limit` rows of every table, in an order of the backend's,
+    /// after the opaque `cursor` of a previous call (from the first row
+    /// when `None`); answers the rows with their keys and the cursor to go
+    /// on from (`None`: no row is left). Feeds are not included. For
+    /// moving whole stores in bounded batches (export); never on a
+    /// request's path.
+    async fn scan_all(
+        &mut self,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<(Vec<(Key, Row)>, Option<Vec<u8>>)>;
+
     /// A cursor at the current end of `feed`: every entry
     /// [`Snapshot::read_feed`] could return now comes at or before it,
     /// and every later one after it.
@@ -560,6 +594,34 @@ pub trait SnapshotExt: Snapshot {
 }
 
 impl<T: Snapshot + ?Sized> SnapshotExt for T {}
+
+/// A resumable position of [`Snapshot::scan_all`] for backends that order
+/// rows by key: the key, length-prefixed.
+pub fn encode_row_cursor(key: &Key) -> Vec<u8> {
+    let mut c = Vec::with_capacity(key.partition.len() + key.clustering.len() + 48);
+    for part in [key.table.name().as_bytes(), &key.partition, &key.clustering] {
+        c.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        c.extend_from_slice(part);
+    }
+    c
+}
+
+/// The key of an [`encode_row_cursor`] cursor.
+pub fn decode_row_cursor(c: &[u8]) -> StoreResult<Key> {
+    let bad = || StoreError::Invalid("not a cursor of scan_all".into());
+    let mut parts = Vec::new();
+    let mut rest = c;
+    for _ in 0..3 {
+        let n = u32::from_be_bytes(rest.get(..4).ok_or_else(bad)?.try_into().expect("4")) as usize;
+        parts.push(rest.get(4..4 + n).ok_or_else(bad)?.to_vec());
+        rest = &rest[4 + n..];
+    }
+    let name = String::from_utf8(parts.remove(0)).map_err(|_| bad())?;
+    // Table names are 'static; a cursor names a table this process knows
+    // only by its text, so it is leaked once per distinct name (a handful).
+    let table = Table::named(&name).ok_or_else(bad)?;
+    Ok(Key::new(table, parts.remove(0), parts.remove(0)))
+}
 
 /// Checks a read call against the contract's bounds; backends call this
 /// before touching data.

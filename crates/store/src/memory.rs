@@ -164,6 +164,40 @@ impl Snapshot for MemorySnapshot {
             .collect())
     }
 
+    async fn scan_all(
+        &mut self,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<(Vec<(Key, Row)>, Option<Vec<u8>>)> {
+        let s = self.state.read().unwrap();
+        let at = *self.at.get_or_insert(s.commit);
+        let after = cursor.map(crate::decode_row_cursor).transpose()?;
+        let mut out = Vec::new();
+        for ((table, part), rows) in &s.rows {
+            for (clus, h) in rows {
+                let key = Key::new(*table, part.clone(), clus.clone());
+                if after.as_ref().is_some_and(|a| key <= *a) {
+                    continue;
+                }
+                if let Some((v, ver)) = visible(h, at) {
+                    out.push((
+                        key,
+                        Row {
+                            clustering: clus.clone(),
+                            value: v.clone(),
+                            version: *ver,
+                        },
+                    ));
+                    if out.len() == limit {
+                        let next = crate::encode_row_cursor(&out[limit - 1].0);
+                        return Ok((out, Some(next)));
+                    }
+                }
+            }
+        }
+        Ok((out, None))
+    }
+
     async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
         let s = self.state.read().unwrap();
         let at = *self.at.get_or_insert(s.commit);

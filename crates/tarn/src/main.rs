@@ -35,6 +35,28 @@ enum Command {
     Admin(AdminArgs),
     /// Run a load-kit workload and keep everything it measured.
     Bench(BenchArgs),
+    /// Write every user, group, membership, item, link, body and index
+    /// declaration as NDJSON (to stdout, or --out).
+    Export(MoveArgs),
+    /// Read an export (from stdin, or --in) into an empty store; index rows
+    /// are rebuilt.
+    Import(MoveArgs),
+}
+
+#[derive(Args)]
+struct MoveArgs {
+    /// The embedded store's directory (the server must be stopped).
+    #[arg(long, env = "TARN_DATA", default_value = "./tarn-data")]
+    data: PathBuf,
+    /// Another store instead of the embedded one (postgres://…).
+    #[arg(long, env = "TARN_STORE")]
+    store: Option<String>,
+    /// Export: the file to write [default: stdout].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Import: the file to read [default: stdin].
+    #[arg(long = "in")]
+    input: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -230,6 +252,8 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => rt.block_on(serve(args)),
         Command::Admin(args) => rt.block_on(admin(args)),
         Command::Bench(args) => rt.block_on(bench(args)),
+        Command::Export(args) => rt.block_on(export(args)),
+        Command::Import(args) => rt.block_on(import(args)),
     }
 }
 
@@ -457,6 +481,58 @@ async fn admin(args: AdminArgs) -> anyhow::Result<()> {
             println!("index {name} is ready");
         }
     }
+    Ok(())
+}
+
+async fn export(args: MoveArgs) -> anyhow::Result<()> {
+    use std::io::Write;
+    let store = open_store(args.store.as_deref(), &args.data).await?;
+    let engine = Engine::new(store, EngineConfig::default());
+    let mut out: Box<dyn Write> = match &args.out {
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    let moved = engine
+        .export(|r| {
+            serde_json::to_writer(&mut out, r)?;
+            out.write_all(b"\n")
+        })
+        .await?;
+    out.flush()?;
+    eprintln!("exported {}", serde_json::to_string(&moved.records)?);
+    Ok(())
+}
+
+async fn import(args: MoveArgs) -> anyhow::Result<()> {
+    use std::io::BufRead;
+    let store = open_store(args.store.as_deref(), &args.data).await?;
+    let engine = Engine::new(store, EngineConfig::default());
+    if !engine.is_empty().await? {
+        bail!("the target store already holds users, groups or items: import into an empty one");
+    }
+    let input: Box<dyn BufRead> = match &args.input {
+        Some(p) => Box::new(std::io::BufReader::new(
+            std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?,
+        )),
+        None => Box::new(std::io::BufReader::new(std::io::stdin().lock())),
+    };
+    let mut importer = engine.importer();
+    for (n, line) in input.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let record: tarn_engine::Record = serde_json::from_str(&line)
+            .with_context(|| format!("line {}: not a record of tarn export", n + 1))?;
+        importer
+            .add(record)
+            .await
+            .with_context(|| format!("line {}", n + 1))?;
+    }
+    let moved = importer.finish().await?;
+    eprintln!("imported {}", serde_json::to_string(&moved.records)?);
     Ok(())
 }
 

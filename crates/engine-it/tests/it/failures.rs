@@ -65,6 +65,14 @@ impl Snapshot for FailingSnapshot {
         self.inner.read_feed(feed, after, limit).await
     }
 
+    async fn scan_all(
+        &mut self,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<(Vec<(Key, tarn_store::Row)>, Option<Vec<u8>>)> {
+        self.inner.scan_all(cursor, limit).await
+    }
+
     async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
         if self.mode.load(Ordering::Relaxed) == READS_FAIL {
             return Err(failure(&self.turn));

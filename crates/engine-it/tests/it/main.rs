@@ -10,3 +10,4 @@ mod model;
 mod refusals;
 mod scenarios;
 mod search;
+mod transfer;

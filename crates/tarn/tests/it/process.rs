@@ -293,3 +293,90 @@ fn config_file_sets_what_flags_do_not() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+#[test]
+fn export_and_import_move_a_data_directory() {
+    let from = tempfile::tempdir().unwrap();
+    let to = tempfile::tempdir().unwrap();
+    let file = from.path().join("export.ndjson");
+    let admin = |dir: &std::path::Path, args: &[&str]| {
+        let out = Command::new(TARN)
+            .args(["admin", "--data"])
+            .arg(dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    admin(
+        from.path(),
+        &[
+            "create-user",
+            "--username",
+            "dora",
+            "--password",
+            "dora-password",
+        ],
+    );
+    admin(
+        from.path(),
+        &["declare-index", "by-t", "--kind", "doc", "--sort", "t"],
+    );
+    let out = Command::new(TARN)
+        .args(["export", "--data"])
+        .arg(from.path())
+        .arg("--out")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.lines().next().unwrap().contains("\"type\":\"index\""));
+    assert!(text.contains("\"username\":\"dora\""));
+    let import = |dir: &std::path::Path| {
+        Command::new(TARN)
+            .args(["import", "--data"])
+            .arg(dir)
+            .arg("--in")
+            .arg(&file)
+            .output()
+            .unwrap()
+    };
+    let out = import(to.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("imported"));
+    // Not twice into the same store.
+    let again = import(to.path());
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("empty"));
+    // The moved store serves: dora signs in, the index is there and ready.
+    let (mut child, addr) = crate::http::spawn_serve(|c| {
+        c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(to.path());
+    });
+    let r = crate::http::call(
+        addr,
+        "POST",
+        "/api/v1/sessions",
+        None,
+        Some(serde_json::json!({"username": "dora", "password": "dora-password"})),
+    );
+    assert_eq!(r.status, 201);
+    let token = r.json()["token"].as_str().unwrap().to_string();
+    let r = crate::http::call(addr, "GET", "/api/v1/indexes/by-t", Some(&token), None);
+    assert_eq!(r.json()["state"], "ready");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -1,0 +1,414 @@
+//! Moving a whole store: export as a stream of records, import into an
+//! empty store, both in bounded batches so memory stays flat whatever the
+//! store's size.
+//!
+//! Everything goes across — users with their password hashes, groups and
+//! memberships, items with their ACLs, links (as the hashes of their keys),
+//! bodies, index declarations — but nothing derived: index rows, forward
+//! rows, kind entries, the change feed and sessions are rebuilt or started
+//! afresh. So a store moves between SQLite, PostgreSQL and Cassandra with
+//! identical listings and searches. Index declarations come first in an
+//! export, and an item's body chunks right after the item.
+//!
+//! An export reads in fresh snapshots batch by batch: for an exact copy,
+//! export a store no one writes to.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use serde::{Deserialize, Serialize};
+use tarn_store::{Batch, Expect, Key, Scan, SnapshotExt};
+
+use crate::error::{EngineError, Result};
+use crate::indexes::{IndexDef, IndexState};
+use crate::schema::{self, ItemRow, BLOBS, GROUPS, ITEMS, MEMBERS, USERS};
+use crate::{b64, unb64, Engine, Group, Item, Principal, Role, User};
+
+/// Rows one export batch reads.
+const BATCH: usize = 1000;
+/// Rows one import write holds, about.
+const WRITE: usize = 1000;
+
+/// One record of an export.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Record {
+    /// An index declaration.
+    Index {
+        /// The declaration (its uid and state are the source store's).
+        index: IndexDef,
+    },
+    /// A user, the Argon2id hash of their password included.
+    User {
+        /// The user.
+        user: User,
+    },
+    /// A group.
+    Group {
+        /// The group.
+        group: Group,
+    },
+    /// A membership.
+    Member {
+        /// The group.
+        group: String,
+        /// The member.
+        member: Principal,
+    },
+    /// An item with its ACL.
+    Item {
+        /// The item.
+        item: Item,
+    },
+    /// A link of an item.
+    Link {
+        /// The item.
+        item: String,
+        /// SHA-256 of the link's key, hex.
+        hash: String,
+        /// What the link gives.
+        role: Role,
+    },
+    /// A piece of a body.
+    Chunk {
+        /// The blob.
+        blob: String,
+        /// The chunk's number.
+        n: u64,
+        /// Its bytes, base64url.
+        data: String,
+    },
+}
+
+/// How many records of each type went across.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Moved {
+    /// Counts by record type.
+    pub records: BTreeMap<String, u64>,
+}
+
+impl Moved {
+    fn count(&mut self, r: &Record) {
+        let t = match r {
+            Record::Index { .. } => "index",
+            Record::User { .. } => "user",
+            Record::Group { .. } => "group",
+            Record::Member { .. } => "member",
+            Record::Item { .. } => "item",
+            Record::Link { .. } => "link",
+            Record::Chunk { .. } => "chunk",
+        };
+        *self.records.entry(t.into()).or_default() += 1;
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl Engine {
+    /// Streams every record of the store to `sink`, index declarations
+    /// first, each item's body chunks right after it.
+    pub async fn export<F>(&self, mut sink: F) -> Result<Moved>
+    where
+        F: FnMut(&Record) -> std::io::Result<()>,
+    {
+        let mut moved = Moved::default();
+        let mut emit = |r: Record, moved: &mut Moved| -> Result<()> {
+            moved.count(&r);
+            sink(&r).map_err(|e| EngineError::Internal(format!("writing the export: {e}")))
+        };
+        let defs = self.retrying(|| self.read_defs()).await?;
+        for d in defs.defs.iter() {
+            if d.kind.is_some() && d.state != IndexState::Dropping {
+                emit(Record::Index { index: d.clone() }, &mut moved)?;
+            }
+        }
+        let mut cursor: Option<Vec<u8>> = None;
+        loop {
+            let (rows, next) = self
+                .retrying(|| async {
+                    let mut snap = self.snapshot().await?;
+                    Ok(snap.scan_all(cursor.as_deref(), BATCH).await?)
+                })
+                .await?;
+            for (key, row) in rows {
+                let table = key.table;
+                let text = |b: &[u8]| {
+                    String::from_utf8(b.to_vec()).map_err(|e| crate::error::corrupt("key", e))
+                };
+                if table == USERS {
+                    let user: User = schema::decode("user", &row)?;
+                    emit(Record::User { user }, &mut moved)?;
+                } else if table == GROUPS {
+                    let group: Group = schema::decode("group", &row)?;
+                    emit(Record::Group { group }, &mut moved)?;
+                } else if table == MEMBERS {
+                    let member = text(&key.clustering)?.parse()?;
+                    emit(
+                        Record::Member {
+                            group: text(&key.partition)?,
+                            member,
+                        },
+                        &mut moved,
+                    )?;
+                } else if table == ITEMS && key.clustering == schema::ITEM_ROW {
+                    let stored: ItemRow = schema::decode("item", &row)?;
+                    let body = stored.item.body.clone();
+                    emit(Record::Item { item: stored.item }, &mut moved)?;
+                    if let Some(body) = body {
+                        self.export_blob(&body.blob, &mut |r| emit(r, &mut moved))
+                            .await?;
+                    }
+                } else if table == ITEMS && key.clustering.first() == Some(&b'l') {
+                    let role: Role = schema::decode("link", &row)?;
+                    emit(
+                        Record::Link {
+                            item: text(&key.partition)?,
+                            hash: hex(&key.clustering[1..]),
+                            role,
+                        },
+                        &mut moved,
+                    )?;
+                }
+            }
+            match next {
+                Some(n) => cursor = Some(n),
+                None => return Ok(moved),
+            }
+        }
+    }
+
+    async fn export_blob(
+        &self,
+        blob: &str,
+        emit: &mut dyn FnMut(Record) -> Result<()>,
+    ) -> Result<()> {
+        let mut after = Bound::Unbounded;
+        loop {
+            let scan = Scan::partition(BLOBS, blob.as_bytes().to_vec(), 4)
+                .bounds(after.clone(), Bound::Unbounded);
+            let rows = self
+                .retrying(|| async { Ok(self.snapshot().await?.scan(&scan).await?) })
+                .await?;
+            let Some(last) = rows.last() else {
+                return Ok(());
+            };
+            after = Bound::Excluded(last.clustering.clone());
+            for r in rows {
+                let n = u64::from_be_bytes(
+                    r.clustering
+                        .as_slice()
+                        .try_into()
+                        .map_err(|_| crate::error::corrupt("chunk key", "length"))?,
+                );
+                emit(Record::Chunk {
+                    blob: blob.to_string(),
+                    n,
+                    data: b64(&r.value),
+                })?;
+            }
+        }
+    }
+
+    /// Whether the store holds no users, groups or items (an import's
+    /// target must not).
+    pub async fn is_empty(&self) -> Result<bool> {
+        let mut cursor: Option<Vec<u8>> = None;
+        loop {
+            let (rows, next) = self
+                .retrying(|| async {
+                    Ok(self
+                        .snapshot()
+                        .await?
+                        .scan_all(cursor.as_deref(), BATCH)
+                        .await?)
+                })
+                .await?;
+            if rows
+                .iter()
+                .any(|(k, _)| [USERS, GROUPS, ITEMS].contains(&k.table))
+            {
+                return Ok(false);
+            }
+            match next {
+                Some(n) => cursor = Some(n),
+                None => return Ok(true),
+            }
+        }
+    }
+
+    /// An importer writing records into this (empty) store.
+    pub fn importer(&self) -> Importer {
+        Importer {
+            engine: self.clone(),
+            defs: None,
+            declared: Vec::new(),
+            batch: Batch::new(),
+            moved: Moved::default(),
+        }
+    }
+}
+
+/// Writes records into an empty store in bounded batches; index
+/// declarations must come before every other record.
+pub struct Importer {
+    engine: Engine,
+    defs: Option<crate::indexes::Defs>,
+    declared: Vec<IndexDef>,
+    batch: Batch,
+    moved: Moved,
+}
+
+impl Importer {
+    /// Adds one record.
+    pub async fn add(&mut self, record: Record) -> Result<()> {
+        self.moved.count(&record);
+        if let Record::Index { index } = record {
+            if self.defs.is_some() {
+                return Err(EngineError::InvalidInput(
+                    "index declarations come before every other record".into(),
+                ));
+            }
+            crate::model::check_name("index name", &index.name)?;
+            self.declared.push(index);
+            return Ok(());
+        }
+        let defs = match &self.defs {
+            Some(d) => d.clone(),
+            None => {
+                let d = self.declare().await?;
+                self.defs = Some(d.clone());
+                d
+            }
+        };
+        let b = &mut self.batch;
+        match record {
+            Record::Index { .. } => unreachable!("handled above"),
+            Record::User { user } => {
+                crate::model::check_name("username", &user.username)?;
+                let key = schema::user_key(&user.username);
+                b.put(key, schema::encode(&user), 1);
+            }
+            Record::Group { group } => {
+                crate::model::check_name("group id", &group.id)?;
+                b.put(schema::group_key(&group.id), schema::encode(&group), 1);
+            }
+            Record::Member { group, member } => {
+                crate::model::check_name("group id", &group)?;
+                let m = member.to_string();
+                b.put(
+                    Key::new(MEMBERS, group.as_bytes(), m.as_bytes()),
+                    schema::MARK.to_vec(),
+                    1,
+                );
+                b.put(
+                    Key::new(schema::MEMBERSHIPS, m.as_bytes(), group.as_bytes()),
+                    schema::MARK.to_vec(),
+                    1,
+                );
+            }
+            Record::Item { item } => {
+                crate::model::check_name("kind", &item.kind)?;
+                if item.id.is_empty() || item.id.len() > 64 {
+                    return Err(EngineError::InvalidInput(
+                        "an item id of 1 to 64 bytes".into(),
+                    ));
+                }
+                defs.apply_diff(b, None, Some(&item), self.engine.split());
+                b.put(
+                    schema::kind_key(&item.kind, &item.id),
+                    schema::MARK.to_vec(),
+                    1,
+                );
+                let row = ItemRow {
+                    item,
+                    stamp: defs.version,
+                };
+                b.put(schema::item_key(&row.item.id), schema::encode(&row), 1);
+            }
+            Record::Link { item, hash, role } => {
+                let hash = unhex(&hash).filter(|h| h.len() == 32).ok_or_else(|| {
+                    EngineError::InvalidInput("a link hash is 64 hex digits".into())
+                })?;
+                let mut clus = b"l".to_vec();
+                clus.extend_from_slice(&hash);
+                b.put(
+                    Key::new(ITEMS, item.as_bytes(), clus),
+                    schema::encode(&role),
+                    1,
+                );
+            }
+            Record::Chunk { blob, n, data } => {
+                let bytes = unb64(&data)
+                    .ok_or_else(|| EngineError::InvalidInput("chunk data is base64url".into()))?;
+                b.put(schema::chunk_key(&blob, n), bytes, 1);
+            }
+        }
+        let size: usize = b
+            .ops
+            .iter()
+            .map(|o| match o {
+                tarn_store::Op::Put { value, .. } => value.len(),
+                tarn_store::Op::Delete { .. } => 0,
+            })
+            .sum();
+        if b.ops.len() >= WRITE || size >= 2 * 1024 * 1024 {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is pending and answers what went across.
+    pub async fn finish(mut self) -> Result<Moved> {
+        if self.defs.is_none() {
+            self.declare().await?;
+        }
+        self.flush().await?;
+        Ok(self.moved)
+    }
+
+    async fn flush(&mut self) -> Result<()> {
+        let b = std::mem::take(&mut self.batch);
+        if b.is_empty() {
+            return Ok(());
+        }
+        let engine = &self.engine;
+        engine
+            .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
+            .await
+    }
+
+    /// Writes the declarations, ready (their rows are written with each
+    /// item), with fresh uids; answers them.
+    async fn declare(&mut self) -> Result<crate::indexes::Defs> {
+        let engine = self.engine.clone();
+        let mut b = Batch::new();
+        for d in &self.declared {
+            let mut d = d.clone();
+            d.state = IndexState::Ready;
+            d.uid = b64(&crate::random_bytes::<9>());
+            d.since = 1;
+            b.put(schema::def_key(&d.name), schema::encode(&d), 1);
+        }
+        if !self.declared.is_empty() {
+            let key = schema::defs_version_key();
+            b.put(key.clone(), schema::MARK.to_vec(), 1)
+                .guard(key, Expect::Absent);
+            engine
+                .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
+                .await?;
+        }
+        engine.retrying(|| engine.read_defs()).await
+    }
+}
