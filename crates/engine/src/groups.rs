@@ -241,12 +241,7 @@ impl Engine {
                 _ => unreachable!("checked above"),
             };
             let (actor, own) = self
-                .resolve(
-                    &mut snap,
-                    caller,
-                    &[schema::group_key(id), member_row, schema::graph_key()],
-                    &[],
-                )
+                .resolve(&mut snap, caller, &[schema::group_key(id), member_row], &[])
                 .await?;
             actor.require_user()?;
             let (group, _) = decode_group(&own.rows[0])?.ok_or_else(|| no_group(id))?;
@@ -298,15 +293,6 @@ impl Engine {
                         below + up + 2
                     )));
                 }
-                // Nesting changes are serialised on one row, so two
-                // concurrent changes cannot close a cycle together. They
-                // are rare: adding users does not take it.
-                let (expect, version) = match &own.rows[2] {
-                    Some(r) => (Expect::Version(r.version), r.version + 1),
-                    None => (Expect::Absent, 1),
-                };
-                b.put(schema::graph_key(), schema::MARK.to_vec(), version)
-                    .guard(schema::graph_key(), expect);
             } else if after.len() > MAX_GROUPS {
                 return Err(EngineError::Conflict(format!(
                     "{member} would belong to {} groups; at most {MAX_GROUPS}",
@@ -324,7 +310,38 @@ impl Engine {
             self.write_changes(b).await?;
             Ok(())
         })
-        .await
+        .await?;
+        if let Principal::Group(child) = member {
+            self.undo_if_cycle(id, child).await?;
+        }
+        Ok(())
+    }
+
+    /// After nesting `child` into `id`: two nesting changes that commit at
+    /// the same time can each pass the cycle check and close a cycle
+    /// together. Each checks again once committed and takes its own edge
+    /// back if it sees one, so no cycle stays (at least one of the two is
+    /// refused) — without serialising every nesting change on one row.
+    async fn undo_if_cycle(&self, id: &str, child: &str) -> Result<()> {
+        let above = self
+            .retrying(|| async {
+                let mut snap = self.snapshot().await?;
+                self.groups_of(&mut snap, &Principal::Group(id.to_string()))
+                    .await
+            })
+            .await?;
+        if !above.found.iter().any(|g| g == child) {
+            return Ok(());
+        }
+        let member = Principal::Group(child.to_string());
+        let m = member.to_string();
+        let mut b = Batch::new();
+        b.delete(member_key(id, &m)).delete(membership_key(&m, id));
+        crate::changes::record_member(&mut b, self.now(), &member);
+        self.retrying(|| self.write_changes(b.clone())).await?;
+        Err(EngineError::Conflict(format!(
+            "{member} came to contain {id} meanwhile: the membership would make a cycle"
+        )))
     }
 
     /// How many levels of groups lie above `group` (0: it is in no group).

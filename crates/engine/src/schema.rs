@@ -11,7 +11,7 @@
 //! | `groups` | group id | `g` | [`Group`](crate::Group) JSON (managers inside) |
 //! | `members` | group id | member principal | `-` |
 //! | `memberships` | member principal | group id | `-` |
-//! | `meta` | `graph` / `layout` | `g` / `l` | guards group nesting / the layout |
+//! | `meta` | `layout` / `feed` | `l` / `trimmed` | the layout / the last change trimmed |
 //! | `items` | item id | `i`: the item; `l` + SHA-256 of a link key: the link | [`ItemRow`] JSON / role |
 //! | `kinds` | kind, bucket | item id: every item of a kind, for index builds; `\0`: the bucket's declarations stamp | `-` |
 //! | `blobs` | blob id | chunk number, 8 bytes big-endian | bytes |
@@ -74,10 +74,6 @@ pub(crate) fn user_session_key(username: &str, hash: &[u8; 32]) -> Key {
 
 pub(crate) fn group_key(id: &str) -> Key {
     Key::new(GROUPS, id.as_bytes(), b"g".to_vec())
-}
-
-pub(crate) fn graph_key() -> Key {
-    Key::new(META, b"graph".to_vec(), b"g".to_vec())
 }
 
 pub(crate) fn layout_key() -> Key {

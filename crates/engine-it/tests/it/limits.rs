@@ -182,3 +182,59 @@ async fn group_creation_is_rate_limited_per_user() {
         .await
         .unwrap();
 }
+
+/// Two nesting changes racing to close a cycle: at most one stays, and no
+/// cycle is ever left behind (without one row every nesting change takes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_nestings_never_leave_a_cycle() {
+    let (e, _dir) = common::sqlite();
+    let e = Engine::new(
+        e.store().clone(),
+        EngineConfig {
+            groups_per_hour: 10_000,
+            ..common::config()
+        },
+    );
+    let owner = sign_up(&e, "owner").await;
+    for round in 0..25 {
+        let (a, b) = (format!("a{round}"), format!("b{round}"));
+        for g in [&a, &b] {
+            e.create_group(&owner, g, None, Default::default())
+                .await
+                .unwrap();
+        }
+        let one = {
+            let (e, owner, a, b) = (e.clone(), owner.clone(), a.clone(), b.clone());
+            tokio::spawn(async move { e.add_member(&owner, &a, &Principal::Group(b)).await })
+        };
+        let two = {
+            let (e, owner, a, b) = (e.clone(), owner.clone(), a.clone(), b.clone());
+            tokio::spawn(async move { e.add_member(&owner, &b, &Principal::Group(a)).await })
+        };
+        let (one, two) = (one.await.unwrap(), two.await.unwrap());
+        let ok = [&one, &two].iter().filter(|r| r.is_ok()).count();
+        assert!(
+            ok <= 1,
+            "round {round}: both nestings stayed: {one:?} {two:?}"
+        );
+        for r in [&one, &two] {
+            if let Err(err) = r {
+                assert!(matches!(err, EngineError::Conflict(_)), "{err:?}");
+            }
+        }
+        let a_in = e
+            .list_members(&owner, &a, 10, None)
+            .await
+            .unwrap()
+            .members
+            .len();
+        let b_in = e
+            .list_members(&owner, &b, 10, None)
+            .await
+            .unwrap()
+            .members
+            .len();
+        assert!(a_in + b_in <= 1, "round {round}: a cycle was left");
+        assert_eq!(a_in + b_in, ok, "what was answered is what stayed");
+    }
+}
