@@ -231,8 +231,16 @@ impl Engine {
 }
 
 impl BodyUpload {
-    /// Adds bytes; full chunks go to the store as they fill.
+    /// Adds bytes; full chunks go to the store as they fill. Waits for one
+    /// of the node's upload places while it hashes and stores them.
     pub async fn write(&mut self, data: &[u8]) -> Result<()> {
+        let engine = self.engine.clone();
+        let _slot = engine
+            .inner
+            .uploads
+            .acquire()
+            .await
+            .map_err(|e| EngineError::Internal(format!("upload places: {e}")))?;
         self.size += data.len() as u64;
         if self.size > self.engine.config().max_body {
             return Err(EngineError::TooLarge(format!(

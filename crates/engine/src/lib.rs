@@ -123,6 +123,10 @@ pub struct EngineConfig {
     pub password_queue: usize,
     /// Groups one user may create per hour (administrators are not counted).
     pub groups_per_hour: u32,
+    /// Uploads whose bytes are hashed and stored at once; others wait (and
+    /// their clients with them, by TCP flow control), so uploads never take
+    /// more than this many cores from readers.
+    pub upload_slots: usize,
     /// How long a replaced or deleted body's bytes stay readable, so that
     /// downloads that started before the change finish.
     pub body_grace: Duration,
@@ -152,6 +156,7 @@ impl Default for EngineConfig {
             password_hashers: hashers,
             password_queue: 16 * hashers,
             groups_per_hour: 100,
+            upload_slots: hashers,
             body_grace: Duration::from_secs(6 * 3600),
             sweep_every: Duration::from_secs(60),
             feed_retention: Duration::from_secs(7 * 24 * 3600),
@@ -185,6 +190,8 @@ struct Inner {
     hash_waiting: AtomicUsize,
     /// The node's change hub.
     hub: changes::Hub,
+    /// The places of uploads working at once (see `upload_slots`).
+    uploads: tokio::sync::Semaphore,
 }
 
 impl Engine {
@@ -192,6 +199,7 @@ impl Engine {
     /// check the store's layout and finish index work a stopped node left.
     pub fn new(store: Arc<dyn Store>, config: EngineConfig) -> Engine {
         let hashers = config.password_hashers.max(1);
+        let uploads = config.upload_slots.max(1);
         let split = store.partition_split().clamp(1, 64);
         Engine {
             inner: Arc::new(Inner {
@@ -203,6 +211,7 @@ impl Engine {
                 hashing: tokio::sync::Semaphore::new(hashers),
                 hash_waiting: AtomicUsize::new(0),
                 hub: changes::Hub::new(),
+                uploads: tokio::sync::Semaphore::new(uploads),
             }),
         }
     }
