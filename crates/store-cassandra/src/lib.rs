@@ -333,8 +333,37 @@ impl CassandraStore {
             return Err(StoreError::Invalid("the hook needs a guarded batch".into()));
         }
         let ops = dedup(&batch.ops);
-        self.inner.write_guarded(&batch.guards, ops, false).await
+        self.inner
+            .write_guarded(&batch.guards, ops, Mode::FirstStepOnly)
+            .await
     }
+
+    /// Test hook: a guarded write whose transaction's answer is lost (as in
+    /// a timeout or a broken connection after sending), so that its outcome
+    /// has to be learnt from the intent.
+    #[cfg(feature = "test-hooks")]
+    pub async fn write_losing_the_answer(&self, batch: Batch) -> StoreResult<()> {
+        batch.validate()?;
+        if batch.guards.is_empty() {
+            return Err(StoreError::Invalid("the hook needs a guarded batch".into()));
+        }
+        let ops = dedup(&batch.ops);
+        self.inner
+            .write_guarded(&batch.guards, ops, Mode::LoseAnswer)
+            .await
+    }
+}
+
+/// How much of a guarded write runs: all of it, except in test hooks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Full,
+    /// The transaction only, as a writer dying before step 2.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
+    FirstStepOnly,
+    /// The transaction's answer is dropped and learnt from the intent.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
+    LoseAnswer,
 }
 
 /// The last op on each key, in key order.
@@ -581,14 +610,8 @@ impl Inner {
     }
 
     /// A guarded batch: the transaction on the guarded partition, then the
-    /// completion (see the crate docs). `complete` is false only for the
-    /// test hook that plays a writer dying between the steps.
-    async fn write_guarded(
-        &self,
-        guards: &[Guard],
-        ops: Vec<&Op>,
-        complete: bool,
-    ) -> StoreResult<()> {
+    /// completion (see the crate docs).
+    async fn write_guarded(&self, guards: &[Guard], ops: Vec<&Op>, mode: Mode) -> StoreResult<()> {
         let home = &guards[0].key;
         let (table, partition) = (home.table.name(), home.partition.as_slice());
         let (local, remote): (Vec<&Op>, Vec<&Op>) = ops
@@ -678,7 +701,15 @@ impl Inner {
         b.set_retry_policy(Some(Arc::new(FallthroughRetryPolicy::new())));
 
         bump(&self.counters.lwt_attempts);
-        match self.session.batch(&b, values).await {
+        let answer = match self.session.batch(&b, values).await {
+            Ok(_) if mode == Mode::LoseAnswer => Err(LwtFailure::Unknown {
+                contention: false,
+                cause: "answer dropped by a test hook".into(),
+            }),
+            Ok(r) => Ok(r),
+            Err(e) => Err(classify_lwt(e)),
+        };
+        match answer {
             Ok(r) => {
                 let (applied, current) = lwt_answer(r)?;
                 if !applied {
@@ -689,17 +720,15 @@ impl Inner {
                     });
                 }
             }
-            Err(e) => match classify_lwt(e) {
-                LwtFailure::NotApplied(err) => return Err(err),
-                LwtFailure::Unknown { contention, cause } => {
-                    bump(&self.counters.lwt_unknown);
-                    self.resolve(table, partition, &write_id, ts, contention, &cause)
-                        .await?;
-                }
-            },
+            Err(LwtFailure::NotApplied(err)) => return Err(err),
+            Err(LwtFailure::Unknown { contention, cause }) => {
+                bump(&self.counters.lwt_unknown);
+                self.resolve(table, partition, &write_id, ts, contention, &cause)
+                    .await?;
+            }
         }
         bump(&self.counters.lwt_applied);
-        if !complete {
+        if mode == Mode::FirstStepOnly {
             return Ok(());
         }
         self.complete(table, partition, &write_id, ts, &remote)
@@ -1054,7 +1083,9 @@ impl Store for CassandraStore {
         if batch.guards.is_empty() {
             self.inner.write_plain(ops).await
         } else {
-            self.inner.write_guarded(&batch.guards, ops, true).await
+            self.inner
+                .write_guarded(&batch.guards, ops, Mode::Full)
+                .await
         }
     }
 

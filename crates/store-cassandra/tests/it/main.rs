@@ -6,6 +6,7 @@
 //! and sets TARN_TEST_CASSANDRA and TARN_TEST_CASSANDRA_CTL.
 
 mod faults;
+mod guards;
 mod nodes;
 mod roll_forward;
 
