@@ -39,15 +39,22 @@
 //!   larger than [`CassandraOptions::max_batch_bytes`] is split into several
 //!   logged batches, sent together: each is atomic, the whole is not (a
 //!   crash in between leaves some pieces applied). The engine's largest
-//!   batches (1 MiB of body chunks) are far below the default limit.
+//!   batches (1 MiB of body chunks) are far below the default limit. A batch
+//!   on one partition skips the batchlog (Cassandra does so by itself).
 //! - **A write with guards** on partition P:
 //!   1. one conditional batch (a Paxos lightweight transaction) on P checks
 //!      every guard (`IF version = ?`, `IF version = null` for absent) and
 //!      applies the ops that fall in P, plus an intent row in P under a
 //!      fresh random 16-byte write id holding the ops on other partitions
 //!      and the timestamp they will be written at;
-//!   2. one logged batch at `QUORUM` applies those ops at that timestamp
-//!      and deletes the intent. `write` returns `Ok` after step 2.
+//!   2. those ops are applied at that timestamp, one unlogged batch per
+//!      partition (atomic and isolated within it), all at once at `QUORUM`;
+//!      then the intent is deleted. `write` returns `Ok` after both.
+//!
+//!   Step 2 needs no batchlog: the intent, committed by Paxos on a quorum,
+//!   already guarantees that the ops get applied, so a logged batch would
+//!   only add a round trip and, when a node dies, ten to twenty seconds of
+//!   `BATCH_LOG` timeouts until the others mark it down.
 //!
 //!   A failed condition applies nothing; the `[applied]` answer carries the
 //!   current versions of the guarded rows, from which the first failing
@@ -65,10 +72,20 @@
 //!   the steps, the intent stays in P. Every store runs a sweeper
 //!   ([`CassandraOptions::sweep_interval`]) that finds intents older than
 //!   [`CassandraOptions::intent_grace`] through the index, in pages of 64,
-//!   and completes each with the same logged batch as step 2: the writer's
-//!   values at the writer's timestamp, so completing twice, or after later
-//!   writes of the same rows, changes nothing (later writes carry later
-//!   timestamps and win). [`CassandraStore::roll_forward`] runs one sweep.
+//!   and completes each exactly as step 2 does: the writer's values at the
+//!   writer's timestamp, so completing twice, or after later writes of the
+//!   same rows, changes nothing (later writes carry later timestamps and
+//!   win), then deletes the intent at a timestamp above the intent's own.
+//!   [`CassandraStore::roll_forward`] runs one sweep. Readers of P do not
+//!   complete intents themselves: noticing one would cost every read of
+//!   every partition a second query, and the window it would close is
+//!   already bounded by `intent_grace` plus one sweep.
+//! - **Retries.** Every write outside the transaction carries an explicit
+//!   timestamp, so sending it twice is sending it once: timeouts,
+//!   unavailability and broken connections are retried with backoff for
+//!   up to [`CassandraOptions::write_retry_window`] (long enough to ride
+//!   out the failure detector after a node dies). Reads are retried once
+//!   on another replica by the driver. The transaction is never resent.
 //!
 //! # What Cassandra guarantees under this mapping
 //!
@@ -79,7 +96,8 @@
 //!   entirely or not at all by the batchlog (within
 //!   [`CassandraOptions::max_batch_bytes`]). A guarded batch whose
 //!   transaction applied is completed by its writer or by the roll-forward,
-//!   never half-applied forever; one whose guard failed applies nothing.
+//!   never half-applied forever; one whose guard failed, or whose
+//!   transaction was resolved as not applied, applies nothing.
 //! - **Visibility.** Once `write` returns `Ok`, every later `QUORUM` read
 //!   from any process sees the whole batch.
 //! - **No snapshot isolation, no isolation across partitions.** Two reads
@@ -95,11 +113,14 @@
 //!   one row therefore assumes the clocks of clients and nodes are
 //!   synchronised (NTP), as every Cassandra deployment does; guards are not
 //!   affected.
-//! - **What a crash leaves.** Between step 1 and 2: P's ops and the intent,
-//!   completed by the roll-forward. During step 2: the batchlog replays the
-//!   batch, and the roll-forward does it again harmlessly. During an
-//!   unguarded batch: the batchlog completes it. A crash *of the writer*
-//!   during a batch split in pieces may leave some pieces applied.
+//! - **What a crash leaves.** A writer dying after step 1, or during step
+//!   2: P's ops and the intent, possibly some of the other partitions;
+//!   the roll-forward applies all of them and removes the intent. Dying
+//!   during an unguarded batch: the batchlog completes it (or nothing of it
+//!   was written). Dying during a batch split in pieces: some pieces may be
+//!   applied and others not — the one case where all-or-nothing is lost. A
+//!   Cassandra node dying: nothing, at replication factor 3 and `QUORUM`;
+//!   it catches up by hints and read repair when it is back.
 //! - **Timeouts may hide success.** When `write` answers
 //!   [`StoreError::Unavailable`] after step 1 succeeded (step 2 kept
 //!   failing, or the outcome could not be learnt), the batch may yet be

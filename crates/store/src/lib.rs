@@ -34,12 +34,12 @@
 //!
 //! | contract | SQLite | PostgreSQL | Cassandra |
 //! | --- | --- | --- | --- |
-//! | row | `rows(tbl, part BLOB, clus BLOB, value, version)`, primary key `(tbl, part, clus)`, `WITHOUT ROWID` | one table, primary key `(tbl, part bytea, clus bytea)` (bytea compares bytewise) | a table per contract table, `PRIMARY KEY ((part), clus)`; `blob` clustering columns compare bytewise |
-//! | snapshot | a read connection checked out of a pool, one read transaction (WAL: sees the state of its first read), every call run on the calling thread — no hand-off | one `REPEATABLE READ READ ONLY` transaction on one pooled connection; the reads of a call are pipelined | no snapshot ([`Consistency::PerRead`]): every read at QUORUM |
-//! | point read | `SELECT … WHERE tbl=? AND part=? AND clus=?` | the same, prepared | `SELECT … WHERE part=? AND clus=?` |
+//! | row | `rows(tbl, part BLOB, clus BLOB, value, version)`, primary key `(tbl, part, clus)`, `WITHOUT ROWID` | one table, primary key `(tbl, part bytea, clus bytea)` (bytea compares bytewise) | one table, `PRIMARY KEY ((tbl, part), kind, clus)`: contract rows are `kind = 0`, intents `kind = 1`, so no key is reserved; `blob` clustering columns compare bytewise |
+//! | snapshot | a read connection checked out of a pool, one read transaction (WAL: sees the state of its first read), every call run on the calling thread — no hand-off | one `REPEATABLE READ READ ONLY` transaction on one pooled connection; the reads of a call are pipelined | no snapshot ([`Consistency::PerRead`]): every read at QUORUM, the reads of a call sent at once |
+//! | point read | `SELECT … WHERE tbl=? AND part=? AND clus=?` | the same, prepared | `SELECT … WHERE tbl=? AND part=? AND kind=0 AND clus=?` |
 //! | scan | `… AND clus >[=] ? AND clus <[=] ? ORDER BY clus ASC/DESC LIMIT ?` | the same | the same CQL: clustering slices with `ORDER BY` and `LIMIT` are native |
-//! | `write` without guards | one transaction (group commit: one fsync for every write queued meanwhile) | one transaction | one logged batch |
-//! | `write` with guards | guards checked and ops applied in one transaction (one `SAVEPOINT` per write inside a group commit) | `SELECT … FOR UPDATE` on the guarded rows, then the ops, in one transaction; serialization failures map to [`StoreError::Conflict`] | a conditional (LWT) batch on the guarded partition, carrying the rest of the batch as an intent row, then one logged batch with the rest and the intent's removal; readers of a partition with a pending intent roll it forward |
+//! | `write` without guards | one transaction (group commit: one fsync for every write queued meanwhile) | one transaction | one logged batch, every statement at one client timestamp (split only above a size limit) |
+//! | `write` with guards | guards checked and ops applied in one transaction (one `SAVEPOINT` per write inside a group commit) | `SELECT … FOR UPDATE` on the guarded rows, then the ops, in one transaction; serialization failures map to [`StoreError::Conflict`] | a conditional (LWT) batch on the guarded partition, carrying the rest of the batch as an intent row, then the rest (one unlogged batch per partition, at the intent's timestamp) and the intent's removal; a sweeper rolls forward the intents of writers that died in between |
 //!
 //! Guards are restricted to one partition because that is the largest unit
 //! Cassandra can update conditionally; keys are never empty because
