@@ -26,6 +26,7 @@ JMX_PORTS=(0 7199 7299 7399)
 # Evenly spaced Murmur3 tokens, one per node: no token allocation at start.
 TOKENS=(0 -9223372036854775808 -3074457345618258603 3074457345618258602)
 say() { echo "with-cassandra: $*" >&2; }
+trap 'say "failed at line $LINENO"' ERR
 
 # --- Java 17 and Maven -------------------------------------------------------
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -44,7 +45,11 @@ java17() {
   done
   return 1
 }
-JAVA=$(java17) || { apt_install openjdk-17-jre-headless; JAVA=$(java17); }
+if ! JAVA=$(java17); then
+  apt_install openjdk-17-jre-headless ||
+    { say "Cassandra 5.0 needs Java 17 (or 11), and this system has no openjdk-17 package"; exit 1; }
+  JAVA=$(java17)
+fi
 command -v mvn >/dev/null || apt_install maven
 
 # --- Cassandra's jars, once per version ------------------------------------------
