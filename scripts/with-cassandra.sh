@@ -203,6 +203,7 @@ for i in $(seq 1 $NODES); do hosts="$hosts${hosts:+,}127.0.0.$i:9042"; done
 export TARN_TEST_CASSANDRA="cassandra://$hosts/tarn_test?replication=3"
 export TARN_TEST_CASSANDRA_CTL="$DIR/ctl"
 export TARN_TEST_CASSANDRA_DIR="$DIR"
+trap - ERR
 set +e
 "$@"
 rc=$?

@@ -95,16 +95,42 @@ pub(crate) async fn ensure(session: &Session, target: &Target) -> StoreResult<()
         ),
     ];
     for stmt in ddl {
-        session
-            .query_unpaged(Statement::new(stmt), ())
-            .await
-            .map_err(map_exec)?;
+        run_ddl(session, stmt).await?;
     }
+    agree(session).await
+}
+
+/// Waits until every node reports one schema version.
+async fn agree(session: &Session) -> StoreResult<()> {
     session
         .await_schema_agreement()
         .await
-        .map_err(|e| StoreError::Unavailable(format!("schema agreement: {e}")))?;
-    Ok(())
+        .map(|_| ())
+        .map_err(|e| StoreError::Unavailable(format!("schema agreement: {e}")))
+}
+
+/// Runs one `IF NOT EXISTS` statement once the schema agrees. The driver
+/// may send each statement to another node, and a statement that changes
+/// nothing (another process got there first) is not followed by schema
+/// agreement: so a node may not know yet of the keyspace or table that
+/// another process created through another node. That is retried.
+async fn run_ddl(session: &Session, stmt: String) -> StoreResult<()> {
+    let mut attempt = 0;
+    loop {
+        agree(session).await?;
+        match session
+            .query_unpaged(Statement::new(stmt.as_str()), ())
+            .await
+            .map_err(map_exec)
+        {
+            Ok(_) => return Ok(()),
+            Err(StoreError::Invalid(m)) if attempt < 20 && m.contains("exist") => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// A scan statement's shape: kind of lower bound, kind of upper bound
