@@ -97,7 +97,6 @@ exec "$JAVA" $JVM_OPTS \\
   -Dcassandra.jmx.local.port=${JMX_PORTS[$i]} \\
   -Dcassandra-foreground=yes \\
   -Dcassandra.skip_wait_for_gossip_to_settle=0 \\
-  -Dcassandra.superuser_setup_delay_ms=0 \\
   -cp "$CACHE/lib/*" org.apache.cassandra.service.CassandraDaemon
 EOF
   chmod +x "$NODE/run"
