@@ -202,9 +202,60 @@ impl Inner {
             )));
         }
 
+        let (b, values) =
+            self.conditional_batch(table, partition, &local, conds, &write_id, &intent, ts);
+        bump(&self.counters.lwt_attempts);
+        let answer = match self.session.batch(&b, values).await {
+            Ok(_) if mode == Mode::LoseAnswer => Err(LwtFailure::Unknown {
+                contention: false,
+                cause: "answer dropped by a test hook".into(),
+            }),
+            Ok(r) => Ok(r),
+            Err(e) => Err(classify_lwt(e)),
+        };
+        match answer {
+            Ok(r) => {
+                let (applied, current) = lwt_answer(r)?;
+                if !applied {
+                    bump(&self.counters.lwt_guard_failed);
+                    return Err(match first_failing(guards, &current) {
+                        Some(guard) => StoreError::GuardFailed { guard },
+                        None => self.first_failing_guard(guards).await,
+                    });
+                }
+            }
+            Err(LwtFailure::NotApplied(err)) => return Err(err),
+            Err(LwtFailure::Unknown { contention, cause }) => {
+                bump(&self.counters.lwt_unknown);
+                self.resolve(table, partition, &write_id, ts, contention, &cause)
+                    .await?;
+            }
+        }
+        bump(&self.counters.lwt_applied);
+        if mode == Mode::FirstStepOnly {
+            return Ok(());
+        }
+        self.complete(table, partition, &write_id, ts, &remote)
+            .await
+    }
+
+    /// Step 1 as one conditional batch on the guarded partition: the ops
+    /// that fall in it, each carrying its row's condition; a condition-only
+    /// statement for each other guarded row; the intent.
+    #[allow(clippy::too_many_arguments)]
+    fn conditional_batch<'a>(
+        &self,
+        table: &'a str,
+        partition: &'a [u8],
+        local: &[&'a Op],
+        mut conds: BTreeMap<&'a [u8], Expect>,
+        write_id: &'a [u8; 16],
+        intent: &'a [u8],
+        ts: i64,
+    ) -> (CqlBatch, Vec<Values<'a>>) {
         let mut b = CqlBatch::new(BatchType::Logged);
         let mut values: Vec<Values<'_>> = Vec::new();
-        for op in &local {
+        for op in local {
             let c = op.key().clustering.as_slice();
             let (cond, expected) = match conds.remove(c) {
                 None => (Cond::None, None),
@@ -252,49 +303,16 @@ impl Inner {
             table,
             partition,
             write_id.as_slice(),
-            intent.as_slice(),
+            intent,
             ts,
         )));
         b.set_consistency(Cl::Quorum);
         b.set_serial_consistency(Some(SerialConsistency::Serial));
         b.set_is_idempotent(false);
         // Never resent blindly: an outcome the driver cannot know is learnt
-        // from the intent below.
+        // from the intent (`resolve`).
         b.set_retry_policy(Some(Arc::new(FallthroughRetryPolicy::new())));
-
-        bump(&self.counters.lwt_attempts);
-        let answer = match self.session.batch(&b, values).await {
-            Ok(_) if mode == Mode::LoseAnswer => Err(LwtFailure::Unknown {
-                contention: false,
-                cause: "answer dropped by a test hook".into(),
-            }),
-            Ok(r) => Ok(r),
-            Err(e) => Err(classify_lwt(e)),
-        };
-        match answer {
-            Ok(r) => {
-                let (applied, current) = lwt_answer(r)?;
-                if !applied {
-                    bump(&self.counters.lwt_guard_failed);
-                    return Err(match first_failing(guards, &current) {
-                        Some(guard) => StoreError::GuardFailed { guard },
-                        None => self.first_failing_guard(guards).await,
-                    });
-                }
-            }
-            Err(LwtFailure::NotApplied(err)) => return Err(err),
-            Err(LwtFailure::Unknown { contention, cause }) => {
-                bump(&self.counters.lwt_unknown);
-                self.resolve(table, partition, &write_id, ts, contention, &cause)
-                    .await?;
-            }
-        }
-        bump(&self.counters.lwt_applied);
-        if mode == Mode::FirstStepOnly {
-            return Ok(());
-        }
-        self.complete(table, partition, &write_id, ts, &remote)
-            .await
+        (b, values)
     }
 
     /// Learns whether a transaction with an unknown outcome applied, by a
