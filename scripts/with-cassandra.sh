@@ -61,7 +61,7 @@ if [ ! -f "$CACHE/lib/.complete" ]; then
     if [ ! -f "$CACHE/lib/.complete" ]; then
       say "fetching Cassandra $VERSION jars from Maven Central into $CACHE"
       rm -rf "$CACHE/lib.part" "$CACHE/m2"
-      mvn -q -B -f "$TEMPLATES/pom.xml" -Dmaven.repo.local="$CACHE/m2" \
+      mvn -q -B -Dstyle.color=never -f "$TEMPLATES/pom.xml" -Dmaven.repo.local="$CACHE/m2" \
         dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$CACHE/lib.part" >&2
       touch "$CACHE/lib.part/.complete"
       rm -rf "$CACHE/lib" "$CACHE/m2"
