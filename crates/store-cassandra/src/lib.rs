@@ -147,14 +147,18 @@
 //!
 //! `batch_size_fail_threshold` (default 50 KiB!) must be at least
 //! [`CassandraOptions::max_batch_bytes`], and `commitlog_segment_size` at
-//! least twice it; storage-attached indexes must be enabled (the default in
-//! 5.0). `scripts/with-cassandra.sh` runs such a cluster.
+//! least twice it (a mutation may fill half a segment), and
+//! `native_transport_max_frame_size` (16 MiB by default) above it;
+//! storage-attached indexes must be enabled (the default in 5.0).
+//! `scripts/with-cassandra.sh` runs such a cluster.
 //!
 //! The URL is `cassandra://host:port[,host:port...]/keyspace?replication=N`:
 //! the keyspace (created with `SimpleStrategy` and replication factor `N`,
 //! default 3, when missing) and the table are created at connect time by
 //! whichever process gets there first; the table's id is derived from the
-//! keyspace name so that concurrent creators agree.
+//! keyspace name so that concurrent creators agree. An existing keyspace is
+//! used as it is: create it yourself, with `NetworkTopologyStrategy`, to
+//! span datacenters (`QUORUM` then spans them too).
 
 #![warn(missing_docs)]
 
