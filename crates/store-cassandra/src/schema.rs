@@ -156,6 +156,7 @@ pub(crate) struct Statements {
     pub intent_serial: PreparedStatement,
     pub guards_serial: PreparedStatement,
     pub sweep: PreparedStatement,
+    pub intent_get: PreparedStatement,
 }
 
 /// The condition a conditional-batch member carries.
@@ -214,8 +215,13 @@ impl Statements {
             format!(
                 "SELECT clus, version FROM {t} WHERE tbl = ? AND part = ? AND kind = {KIND_ROW} AND clus IN ?"
             ),
+            // Keys only: a page of intents costs little memory however
+            // large the intents are; each is then read on its own.
             format!(
-                "SELECT tbl, part, clus, value, WRITETIME(value) FROM {t} WHERE intent_at < ? LIMIT ?"
+                "SELECT tbl, part, clus, WRITETIME(value) FROM {t} WHERE intent_at < ? LIMIT ?"
+            ),
+            format!(
+                "SELECT value FROM {t} WHERE tbl = ? AND part = ? AND kind = {KIND_INTENT} AND clus = ?"
             ),
         ];
         let all: Vec<String> = scan_texts.into_iter().chain(texts).collect();
@@ -238,6 +244,7 @@ impl Statements {
         let intent_serial = serial(next());
         let guards_serial = serial(next());
         let sweep = quorum(next());
+        let intent_get = quorum(next());
         Ok(Statements {
             get,
             scans,
@@ -252,6 +259,7 @@ impl Statements {
             intent_serial,
             guards_serial,
             sweep,
+            intent_get,
         })
     }
 }

@@ -46,8 +46,8 @@ impl Inner {
             let mut progress = false;
             for row in rows {
                 match self.complete_intent(row).await {
-                    Ok(()) => {
-                        done += 1;
+                    Ok(completed) => {
+                        done += usize::from(completed);
                         progress = true;
                     }
                     // One intent that cannot be completed now must not
@@ -71,17 +71,15 @@ impl Inner {
     }
 
     /// Completes one intent found by the sweep: its ops at its writer's
-    /// timestamp, then its removal.
-    async fn complete_intent(&self, row: scylla::value::Row) -> StoreResult<()> {
+    /// timestamp, then its removal. `false` if it was gone already.
+    async fn complete_intent(&self, row: scylla::value::Row) -> StoreResult<bool> {
         let mut cols = row.columns.into_iter();
         let (
             Some(CqlValue::Text(table)),
             Some(CqlValue::Blob(partition)),
             Some(CqlValue::Blob(id)),
-            Some(CqlValue::Blob(value)),
             Some(CqlValue::BigInt(written)),
         ) = (
-            cols.next().flatten(),
             cols.next().flatten(),
             cols.next().flatten(),
             cols.next().flatten(),
@@ -91,6 +89,20 @@ impl Inner {
             return Err(StoreError::Corrupt(
                 "intent row with missing columns".into(),
             ));
+        };
+        let r = self
+            .session
+            .execute_unpaged(&self.st.intent_get, (&table, &partition, &id))
+            .await
+            .map_err(map_exec)?;
+        let Some(value) = rows_of(r)?.into_iter().next().and_then(|row| {
+            match row.columns.into_iter().next().flatten() {
+                Some(CqlValue::Blob(v)) => Some(v),
+                _ => None,
+            }
+        }) else {
+            // Completed meanwhile, by its writer or another sweeper.
+            return Ok(false);
         };
         let intent = intent::decode(&value)?;
         if intent.write_id.as_slice() != id.as_slice() {
@@ -111,6 +123,6 @@ impl Inner {
                 "cassandra store: rolled a guarded batch forward"
             );
         }
-        Ok(())
+        Ok(true)
     }
 }
