@@ -61,8 +61,9 @@ if [ ! -f "$CACHE/lib/.complete" ]; then
     if [ ! -f "$CACHE/lib/.complete" ]; then
       say "fetching Cassandra $VERSION jars from Maven Central into $CACHE"
       rm -rf "$CACHE/lib.part" "$CACHE/m2"
-      mvn -q -B -Dstyle.color=never -f "$TEMPLATES/pom.xml" -Dmaven.repo.local="$CACHE/m2" \
-        dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$CACHE/lib.part" >&2
+      mvn -B -Dstyle.color=never -f "$TEMPLATES/pom.xml" -Dmaven.repo.local="$CACHE/m2" \
+        dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$CACHE/lib.part" \
+        >"$CACHE/mvn.log" 2>&1 || { tail -n 40 "$CACHE/mvn.log" >&2; say "Maven failed (log: $CACHE/mvn.log)"; exit 1; }
       touch "$CACHE/lib.part/.complete"
       rm -rf "$CACHE/lib" "$CACHE/m2"
       mv "$CACHE/lib.part" "$CACHE/lib"
