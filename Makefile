@@ -5,7 +5,7 @@ CARGO ?= cargo
 LISTEN ?= 127.0.0.1:7700
 DATA ?= ./tarn-data
 
-.PHONY: run test setup build lint check-tests bench-store
+.PHONY: run test setup build lint check-tests bench-store test-cassandra
 
 setup:
 	@scripts/setup.sh
@@ -32,3 +32,8 @@ test: lint check-tests
 # Criterion micro-benchmarks of the SQLite store (release build).
 bench-store: setup
 	$(CARGO) bench -p tarn-store-sqlite --bench store
+
+# The Cassandra store's tests on a throwaway 3-node Cassandra 5.0 cluster
+# (scripts/with-cassandra.sh: Java 17, Maven and the jars on first use).
+test-cassandra: setup
+	scripts/with-cassandra.sh $(CARGO) test -p tarn-store-cassandra

@@ -40,12 +40,12 @@
 //!
 //! | contract | SQLite | PostgreSQL | Cassandra |
 //! | --- | --- | --- | --- |
-//! | row | `rows(tbl, part BLOB, clus BLOB, value, version)`, primary key `(tbl, part, clus)`, `WITHOUT ROWID` | one table, primary key `(tbl, part bytea, clus bytea)` (bytea compares bytewise) | a table per contract table, `PRIMARY KEY ((part), clus)`; `blob` clustering columns compare bytewise |
-//! | snapshot | a read connection checked out of a pool, one read transaction (WAL: sees the state of its first read), every call run on the calling thread — no hand-off | one `REPEATABLE READ READ ONLY` transaction on one pooled connection; the reads of a call are pipelined | no snapshot ([`Consistency::PerRead`]): every read at QUORUM |
-//! | point read | `SELECT … WHERE tbl=? AND part=? AND clus=?` | the same, prepared | `SELECT … WHERE part=? AND clus=?` |
+//! | row | `rows(tbl, part BLOB, clus BLOB, value, version)`, primary key `(tbl, part, clus)`, `WITHOUT ROWID` | one table, primary key `(tbl, part bytea, clus bytea)` (bytea compares bytewise) | one table, `PRIMARY KEY ((tbl, part), kind, clus)`: contract rows are `kind = 0`, intents `kind = 1`, so no key is reserved; `blob` clustering columns compare bytewise |
+//! | snapshot | a read connection checked out of a pool, one read transaction (WAL: sees the state of its first read), every call run on the calling thread — no hand-off | one `REPEATABLE READ READ ONLY` transaction on one pooled connection; the reads of a call are pipelined | no snapshot ([`Consistency::PerRead`]): every read at QUORUM, the reads of a call sent at once |
+//! | point read | `SELECT … WHERE tbl=? AND part=? AND clus=?` | the same, prepared | `SELECT … WHERE tbl=? AND part=? AND kind=0 AND clus=?` |
 //! | scan | `… AND clus >[=] ? AND clus <[=] ? ORDER BY clus ASC/DESC LIMIT ?` | the same | the same CQL: clustering slices with `ORDER BY` and `LIMIT` are native |
-//! | `write` without guards | one transaction (group commit: one fsync for every write queued meanwhile) | one transaction | one logged batch |
-//! | `write` with guards | guards checked and ops applied in one transaction (one `SAVEPOINT` per write inside a group commit) | `SELECT … FOR UPDATE` on the guarded rows, then the ops, in one transaction; serialization failures map to [`StoreError::Conflict`] | a conditional (LWT) batch on the guarded partition, carrying the rest of the batch as an intent row, then one logged batch with the rest and the intent's removal; readers of a partition with a pending intent roll it forward |
+//! | `write` without guards | one transaction (group commit: one fsync for every write queued meanwhile) | one transaction | one logged batch, every statement at one client timestamp (split only above a size limit) |
+//! | `write` with guards | guards checked and ops applied in one transaction (one `SAVEPOINT` per write inside a group commit) | `SELECT … FOR UPDATE` on the guarded rows, then the ops, in one transaction; serialization failures map to [`StoreError::Conflict`] | a conditional (LWT) batch on the guarded partition, carrying the rest of the batch as an intent row, then the rest (one unlogged batch per partition, at the intent's timestamp) and the intent's removal; a sweeper rolls forward the intents of writers that died in between |
 //! | feed | `feed(tbl, seq)`: the single writer numbers entries as it commits them, so cursors are commit order | `tarn_feed(tbl, xid, seq)`: the writing transaction's id and a sequence; read only below the oldest transaction still running (`pg_snapshot_xmin`), so a transaction that started first and commits last is never passed over | time-bucketed, sharded partitions, merged and read up to a small lag behind now |
 //!
 //! Guards are restricted to one partition because that is the largest unit
@@ -480,6 +480,12 @@ pub trait Store: Send + Sync + 'static {
     /// What this backend's snapshots guarantee.
     fn consistency(&self) -> Consistency;
 
+    /// How long after its write an entry may take to become readable by
+    /// [`Snapshot::read_feed`] (zero: at once).
+    fn feed_lag(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// Removes at most `limit` of the oldest entries of `feed`, none after
     /// the cursor `through`; answers how many it removed (fewer than
     /// `limit`: none is left up to `through`).
@@ -657,6 +663,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
     fn consistency(&self) -> Consistency {
         (**self).consistency()
+    }
+    fn feed_lag(&self) -> std::time::Duration {
+        (**self).feed_lag()
     }
     async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
         (**self).trim_feed(feed, through, limit).await

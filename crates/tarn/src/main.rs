@@ -124,7 +124,8 @@ struct ServeArgs {
     /// Directory of the embedded store, created if missing [default: ./tarn-data].
     #[arg(long, env = "TARN_DATA")]
     data: Option<PathBuf>,
-    /// Another store instead of the embedded one, e.g. postgres://user@host:5432/tarn.
+    /// Another store instead of the embedded one, e.g.
+    /// postgres://user@host:5432/tarn or cassandra://h1:9042,h2:9042/tarn?replication=3.
     #[arg(long, env = "TARN_STORE")]
     store: Option<String>,
     /// Whether anyone may sign up [default: open].
@@ -267,6 +268,11 @@ async fn open_store(store: Option<&str>, data: &Path) -> anyhow::Result<Arc<dyn 
         None => Ok(Arc::new(SqliteStore::open(data).with_context(|| {
             format!("cannot open the data directory {}", data.display())
         })?)),
+        Some(url) if url.starts_with("cassandra://") => Ok(Arc::new(
+            tarn_store_cassandra::CassandraStore::connect(url)
+                .await
+                .context("cannot open the Cassandra store")?,
+        )),
         Some(url) if url.starts_with("sqlite://") => {
             let path = Path::new(url.trim_start_matches("sqlite://"));
             Ok(Arc::new(SqliteStore::open(path).with_context(|| {
@@ -274,7 +280,7 @@ async fn open_store(store: Option<&str>, data: &Path) -> anyhow::Result<Arc<dyn 
             })?))
         }
         Some(url) => bail!(
-            "tarn has no store for {url:?}: use postgres://…, sqlite://DIR, or no --store for the embedded one"
+            "tarn has no store for {url:?}: use postgres://…, cassandra://…, sqlite://DIR, or no --store for the embedded one"
         ),
     }
 }

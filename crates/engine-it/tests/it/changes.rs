@@ -382,3 +382,35 @@ fn rand_suffix() -> u64 {
     getrandom::fill(&mut b).unwrap();
     u64::from_le_bytes(b)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_on_cassandra_across_two_stores() {
+    // Two engines on one keyspace stand for two nodes.
+    let store: Arc<dyn tarn_store::Store> = Arc::new(common::cassandra_store().await);
+    let a = common::engine(store.clone());
+    let b = common::engine(store);
+    let ann = sign_up(&a, "ann").await;
+    let bob = sign_up(&a, "bob").await;
+    let start = b.changes(&bob, None, None, 10).await.unwrap().next;
+    let mut sub = b.subscribe(&bob, None, None).await.unwrap();
+    let mut made = Vec::new();
+    for i in 0..5 {
+        made.push(
+            a.create_item(&ann, "doc", props(json!({ "i": i })), share(user("bob")))
+                .await
+                .unwrap()
+                .item
+                .id,
+        );
+    }
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.push(put_of(next(&mut sub, "from the other store").await));
+    }
+    assert_eq!(got, made);
+    // A pull from before them sees them too, once each, in order.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let page = b.changes(&bob, Some(&start), None, 50).await.unwrap();
+    let ids: Vec<String> = page.changes.iter().map(|c| c.id.clone()).collect();
+    assert_eq!(ids, made);
+}

@@ -41,6 +41,25 @@ pub async fn postgres_store() -> tarn_store_postgres::PgStore {
     tarn_store_postgres::PgStore::connect(&url).await.unwrap()
 }
 
+/// A store on the test Cassandra cluster (TARN_TEST_CASSANDRA), in a fresh
+/// keyspace.
+pub async fn cassandra_store() -> tarn_store_cassandra::CassandraStore {
+    let base = std::env::var("TARN_TEST_CASSANDRA").expect(
+        "TARN_TEST_CASSANDRA is not set: run the tests through `make test` or scripts/with-cassandra.sh",
+    );
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).unwrap();
+    let (hosts, rest) = base.rsplit_once('/').expect("cassandra://hosts/keyspace?...");
+    let query = rest.split_once('?').map_or(String::new(), |(_, q)| format!("?{q}"));
+    let url = format!("{hosts}/e_{:016x}{query}", u64::from_le_bytes(b));
+    tarn_store_cassandra::CassandraStore::connect(&url).await.unwrap()
+}
+
+/// An engine on the test Cassandra cluster, in a fresh keyspace.
+pub async fn cassandra() -> Engine {
+    engine(Arc::new(cassandra_store().await))
+}
+
 /// An engine on the test PostgreSQL (TARN_TEST_POSTGRES), in a fresh schema.
 pub async fn postgres() -> Engine {
     let base = std::env::var("TARN_TEST_POSTGRES").expect(

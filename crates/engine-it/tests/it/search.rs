@@ -694,3 +694,12 @@ async fn search_on_postgres() {
         vec![id]
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: (cases() / 8).max(2), ..ProptestConfig::default() })]
+    #[test]
+    fn search_model_cassandra(ops in prop::collection::vec(op(), 1..20)) {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async { run_model(common::cassandra().await, ops).await });
+    }
+}

@@ -294,3 +294,16 @@ async fn imports_refuse_bad_records() {
         .await
         .is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_moves_to_cassandra_and_back_to_sqlite() {
+    let source = common::memory();
+    let (ids, link, linked) = fill(&source).await;
+    let before = view(&source, &ids, &link, &linked).await;
+    let cassandra = common::cassandra().await;
+    move_store(&source, &cassandra).await;
+    assert_eq!(view(&cassandra, &ids, &link, &linked).await, before);
+    let (sqlite, _dir) = common::sqlite();
+    move_store(&cassandra, &sqlite).await;
+    assert_eq!(view(&sqlite, &ids, &link, &linked).await, before);
+}

@@ -68,9 +68,9 @@ pub fn engine_config() -> EngineConfig {
     }
 }
 
-/// The store the suite runs on: memory, or SQLite or PostgreSQL with
-/// TARN_TEST_STORE=sqlite|postgres (`make test` runs the suite all three
-/// ways), with the SQLite store's directory.
+/// The store the suite runs on: memory, or SQLite, PostgreSQL or Cassandra
+/// with TARN_TEST_STORE=sqlite|postgres|cassandra (`make test` runs the
+/// suite every way), with the SQLite store's directory.
 pub async fn store() -> (Arc<dyn tarn_store::Store>, Option<tempfile::TempDir>) {
     match std::env::var("TARN_TEST_STORE").as_deref() {
         Ok("sqlite") => {
@@ -85,6 +85,17 @@ pub async fn store() -> (Arc<dyn tarn_store::Store>, Option<tempfile::TempDir>) 
             getrandom::fill(&mut b).unwrap();
             let url = format!("{base}?schema=s_{:016x}", u64::from_le_bytes(b));
             let store = tarn_store_postgres::PgStore::connect(&url).await.unwrap();
+            (Arc::new(store), None)
+        }
+        Ok("cassandra") => {
+            let base = std::env::var("TARN_TEST_CASSANDRA")
+                .expect("TARN_TEST_CASSANDRA (see scripts/with-cassandra.sh)");
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b).unwrap();
+            let (hosts, rest) = base.rsplit_once('/').expect("cassandra://hosts/keyspace");
+            let query = rest.split_once('?').map_or(String::new(), |(_, q)| format!("?{q}"));
+            let url = format!("{hosts}/s_{:016x}{query}", u64::from_le_bytes(b));
+            let store = tarn_store_cassandra::CassandraStore::connect(&url).await.unwrap();
             (Arc::new(store), None)
         }
         Ok("memory") | Err(_) => (Arc::new(tarn_store::memory::MemoryStore::new()), None),

@@ -31,20 +31,43 @@ fn start(url: &str) -> Node {
     Node { child, addr }
 }
 
-fn fresh_url() -> String {
-    let base = std::env::var("TARN_TEST_POSTGRES").expect(
-        "TARN_TEST_POSTGRES is not set: run the tests through `make test` or scripts/with-postgres.sh",
-    );
+fn unique() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    format!("{base}?schema=n_{nanos:x}_{}", std::process::id())
+    format!("{nanos:x}_{}", std::process::id())
+}
+
+fn fresh_url() -> String {
+    let base = std::env::var("TARN_TEST_POSTGRES").expect(
+        "TARN_TEST_POSTGRES is not set: run the tests through `make test` or scripts/with-postgres.sh",
+    );
+    format!("{base}?schema=n_{}", unique())
+}
+
+/// A fresh keyspace on the test Cassandra cluster.
+fn fresh_cassandra_url() -> String {
+    let base = std::env::var("TARN_TEST_CASSANDRA").expect(
+        "TARN_TEST_CASSANDRA is not set: run the tests through `make test` or scripts/with-cassandra.sh",
+    );
+    let (hosts, rest) = base.rsplit_once('/').expect("cassandra://hosts/keyspace");
+    let query = rest.split_once('?').map_or(String::new(), |(_, q)| format!("?{q}"));
+    format!("{hosts}/n_{}{query}", unique())
 }
 
 #[test]
 fn one_session_across_two_nodes() {
-    let url = fresh_url();
+    one_session_across(&fresh_url());
+}
+
+#[test]
+fn one_session_across_two_cassandra_nodes() {
+    one_session_across(&fresh_cassandra_url());
+}
+
+fn one_session_across(url: &str) {
+    let url = url.to_string();
     let a = start(&url);
     let b = start(&url);
     // Alternate on every request.
@@ -274,8 +297,17 @@ fn sse_events(
 
 #[test]
 fn changes_reach_every_node_exactly_once() {
+    changes_reach_every_node(&fresh_url());
+}
+
+#[test]
+fn changes_reach_every_cassandra_node_exactly_once() {
+    changes_reach_every_node(&fresh_cassandra_url());
+}
+
+fn changes_reach_every_node(url: &str) {
     use std::io::Write;
-    let url = fresh_url();
+    let url = url.to_string();
     let a = start(&url);
     let b = start(&url);
     for u in ["ann", "bob"] {
@@ -418,4 +450,97 @@ fn changes_reach_every_node_exactly_once() {
         .collect();
     assert_eq!(keys.len(), live.len(), "no event twice");
     assert_eq!(live.len(), 2 * made.len());
+}
+
+/// A custard-like load through two nodes on the Cassandra cluster while one
+/// Cassandra node is killed and restarted: no request fails, and what was
+/// written while it was down is there once it is back.
+#[test]
+fn a_cassandra_node_dies_under_load() {
+    let ctl = std::env::var("TARN_TEST_CASSANDRA_CTL").expect(
+        "TARN_TEST_CASSANDRA_CTL is not set: run the tests through scripts/with-cassandra.sh",
+    );
+    let url = fresh_cassandra_url();
+    let a = start(&url);
+    let b = start(&url);
+    let addrs = [a.addr, b.addr];
+    let mut tokens = Vec::new();
+    for u in 0..6 {
+        let name = format!("c{u}");
+        let r = call(addrs[u % 2], "POST", "/api/v1/users", None,
+            Some(json!({"username": name, "password": "custard-password"})));
+        assert_eq!(r.status, 201);
+        let r = call(addrs[(u + 1) % 2], "POST", "/api/v1/sessions", None,
+            Some(json!({"username": name, "password": "custard-password"})));
+        tokens.push(r.json()["token"].as_str().unwrap().to_string());
+    }
+    let everyone = json!([{"principal": "authenticated", "role": "editor"}]);
+    let mut shared = Vec::new();
+    for i in 0..10 {
+        let r = call(addrs[i % 2], "POST", "/api/v1/items", Some(&tokens[0]),
+            Some(json!({"kind": "doc", "properties": {"n": i}, "acl": everyone})));
+        assert_eq!(r.status, 201);
+        shared.push(r.json()["id"].as_str().unwrap().to_string());
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = tokens
+        .iter()
+        .enumerate()
+        .map(|(u, t)| {
+            let (t, shared, stop) = (t.clone(), shared.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut statuses = std::collections::BTreeMap::<u16, u64>::new();
+                let mut made = Vec::new();
+                let mut i = 0usize;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    i += 1;
+                    let addr = addrs[(u + i) % 2];
+                    let item = &shared[(u * 7 + i) % shared.len()];
+                    let r = match i % 4 {
+                        0 => call(addr, "GET", &format!("/api/v1/items/{item}"), Some(&t), None),
+                        1 => call(addr, "PATCH", &format!("/api/v1/items/{item}"), Some(&t),
+                            Some(json!({"properties": {"by": u, "i": i}}))),
+                        2 => call(addr, "GET", "/api/v1/items?kind=doc&limit=20", Some(&t), None),
+                        _ => {
+                            let r = call(addr, "POST", "/api/v1/items", Some(&t),
+                                Some(json!({"kind": "note", "properties": {"by": u, "i": i}})));
+                            if r.status == 201 {
+                                made.push(r.json()["id"].as_str().unwrap().to_string());
+                            }
+                            r
+                        }
+                    };
+                    *statuses.entry(r.status).or_default() += 1;
+                }
+                (statuses, made)
+            })
+        })
+        .collect();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&ctl).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    run(&["stop", "2"]);
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    run(&["start", "2"]);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut all = std::collections::BTreeMap::<u16, u64>::new();
+    let mut made = Vec::new();
+    for w in workers {
+        let (s, m) = w.join().unwrap();
+        for (k, v) in s {
+            *all.entry(k).or_default() += v;
+        }
+        made.extend(m);
+    }
+    let failed: u64 = all.iter().filter(|(s, _)| **s >= 500).map(|(_, n)| n).sum();
+    assert_eq!(failed, 0, "no request fails while a node is down: {all:?}");
+    assert!(all.get(&200).copied().unwrap_or(0) > 50, "the load ran: {all:?}");
+    // Everything written while the node was down is there, on both nodes.
+    for (i, id) in made.iter().enumerate() {
+        let r = call(addrs[i % 2], "GET", &format!("/api/v1/items/{id}"), Some(&tokens[0]), None);
+        assert_eq!(r.status, 200, "{id}");
+    }
 }
