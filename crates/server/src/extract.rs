@@ -1,4 +1,8 @@
-//! Extractors: who is calling, link keys, `If-Match`, JSON bodies.
+//! Extractors: who is calling, link keys, `If-Match`, path and query
+//! parameters, JSON bodies. Every refusal is problem JSON (`400
+//! invalid-input` for what cannot be read, never axum's plain-text 400 or
+//! 422), and the extractors of headers and query parameters document
+//! themselves ([`IntoParams`]).
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -8,8 +12,13 @@ use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 use tarn_engine::Caller;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::Required;
+use utoipa::IntoParams;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
+use crate::json::TOKEN;
 use crate::AppState;
 
 /// The caller, from `Authorization: Bearer <token>`; anonymous without one.
@@ -36,11 +45,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Auth {
             .map(str::trim)
             .filter(|t| !t.is_empty() && t.len() <= 256)
             .ok_or_else(|| {
-                ApiError::new(
-                    axum::http::StatusCode::UNAUTHORIZED,
-                    "unauthenticated",
-                    "use Authorization: Bearer <token>",
-                )
+                ApiError::new(Code::Unauthenticated, "use Authorization: Bearer <token>")
             })?;
         Ok(Auth {
             caller: Caller::Token(token.to_string()),
@@ -66,6 +71,32 @@ impl<S: Send + Sync> FromRequestParts<S> for LinkKey {
         Ok(LinkKey(
             pairs.into_iter().find(|(k, _)| k == "key").map(|(_, v)| v),
         ))
+    }
+}
+
+impl IntoParams for LinkKey {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let key = || {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(TOKEN))
+        };
+        vec![
+            ParameterBuilder::new()
+                .name("key")
+                .parameter_in(ParameterIn::Query)
+                .required(Required::False)
+                .description(Some("A link key of this item"))
+                .schema(Some(key()))
+                .build(),
+            ParameterBuilder::new()
+                .name("Tarn-Link-Key")
+                .parameter_in(ParameterIn::Header)
+                .required(Required::False)
+                .description(Some("A link key of this item, instead of ?key="))
+                .schema(Some(key()))
+                .build(),
+        ]
     }
 }
 
@@ -101,6 +132,52 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
             .and_then(|v| v.strip_suffix('"'))
             .ok_or_else(bad)?;
         v.parse().map(|n| IfMatch(Some(n))).map_err(|_| bad())
+    }
+}
+
+impl IntoParams for IfMatch {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![ParameterBuilder::new()
+            .name("If-Match")
+            .parameter_in(ParameterIn::Header)
+            .required(Required::False)
+            .description(Some(
+                "Change only if the item is at this version (its ETag); `*` means any",
+            ))
+            .schema(Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(r#"^(\*|(W/)?"[0-9]{1,19}")$"#)),
+            ))
+            .build()]
+    }
+}
+
+/// Path parameters; what cannot be read is `400 invalid-input`.
+pub struct Path<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Path<T>> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| Path(p.0))
+            .map_err(|e| ApiError::invalid(e.body_text()))
+    }
+}
+
+/// Query parameters; what cannot be read (an unknown name, a malformed
+/// value, a name given twice) is `400 invalid-input`.
+pub struct Query<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<Query<T>> {
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|q| Query(q.0))
+            .map_err(|e| ApiError::invalid(e.body_text()))
     }
 }
 
@@ -228,8 +305,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             .to_ascii_lowercase();
         if essence != "application/json" && essence != "application/merge-patch+json" {
             return Err(ApiError::new(
-                axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "invalid-input",
+                Code::UnsupportedMediaType,
                 "send JSON with Content-Type: application/json",
             ));
         }

@@ -1,66 +1,126 @@
 //! Index declarations (administrators).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::Json;
+use axum::response::Response;
 use serde::Deserialize;
-use serde_json::{json, Value};
-use tarn_engine::SortField;
+use utoipa::IntoParams;
 
-use crate::error::ApiResult;
-use crate::extract::{Auth, JsonBody};
-use crate::{render, AppState};
+use crate::error::{
+    ApiResult, BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, ServiceUnavailable,
+    Unauthorized, UnsupportedMediaType,
+};
+use crate::extract::{Auth, JsonBody, Path};
+use crate::json::{self, IndexName, Name};
+use crate::routes::reply;
+use crate::AppState;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Declare {
-    kind: String,
-    #[serde(default, rename = "where")]
-    where_: Vec<String>,
-    #[serde(default)]
-    sort: Vec<SortField>,
+/// The path of an index to read.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct IndexPath {
+    /// The index's name.
+    #[param(value_type = IndexName)]
+    name: String,
 }
 
+/// The path of a declared index.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct DeclaredIndexPath {
+    /// The index's name.
+    #[param(value_type = Name)]
+    name: String,
+}
+
+/// Declare an index (administrators)
+///
+/// `201` for a new declaration, whose existing items are added in the
+/// background (`state: building`); `200` when an identical one exists;
+/// `409` when one of that name differs.
+#[utoipa::path(
+    put, path = "/api/v1/indexes/{name}", tag = "indexes", operation_id = "declareIndex",
+    security(("bearer" = [])),
+    params(DeclaredIndexPath),
+    request_body = json::IndexDeclaration,
+    responses(
+        (status = 201, description = "Declared", body = json::Index),
+        (status = 200, description = "An identical index exists", body = json::Index),
+        BadRequest, Unauthorized, Forbidden, Conflict, PayloadTooLarge, UnsupportedMediaType,
+        ServiceUnavailable,
+    ),
+)]
 pub async fn put(
     State(s): State<AppState>,
     auth: Auth,
-    Path(name): Path<String>,
-    JsonBody(body): JsonBody<Declare>,
-) -> ApiResult<impl IntoResponse> {
+    Path(DeclaredIndexPath { name }): Path<DeclaredIndexPath>,
+    JsonBody(body): JsonBody<json::IndexDeclaration>,
+) -> ApiResult<Response> {
+    let sort = body.sort.into_iter().map(Into::into).collect();
     let (def, created) = s
         .engine
-        .declare_index(&auth.caller, &name, &body.kind, body.where_, body.sort)
+        .declare_index(&auth.caller, &name, &body.kind, body.where_, sort)
         .await?;
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(render::index(&def))))
+    Ok(reply(status, &json::Index::from(&def)))
 }
 
+/// One index
+#[utoipa::path(
+    get, path = "/api/v1/indexes/{name}", tag = "indexes", operation_id = "getIndex",
+    security(("bearer" = [])),
+    params(IndexPath),
+    responses(
+        (status = 200, description = "The index", body = json::Index),
+        BadRequest, Unauthorized, NotFound, ServiceUnavailable,
+    ),
+)]
 pub async fn get(
     State(s): State<AppState>,
     auth: Auth,
-    Path(name): Path<String>,
-) -> ApiResult<Json<Value>> {
-    Ok(Json(render::index(
-        &s.engine.get_index(&auth.caller, &name).await?,
-    )))
+    Path(IndexPath { name }): Path<IndexPath>,
+) -> ApiResult<Response> {
+    let def = s.engine.get_index(&auth.caller, &name).await?;
+    Ok(reply(StatusCode::OK, &json::Index::from(&def)))
 }
 
-pub async fn list(State(s): State<AppState>, auth: Auth) -> ApiResult<Json<Value>> {
+/// Every index, built-ins included
+#[utoipa::path(
+    get, path = "/api/v1/indexes", tag = "indexes", operation_id = "listIndexes",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Every index", body = json::IndexList),
+        Unauthorized, ServiceUnavailable,
+    ),
+)]
+pub async fn list(State(s): State<AppState>, auth: Auth) -> ApiResult<Response> {
     let defs = s.engine.list_indexes(&auth.caller).await?;
-    Ok(Json(
-        json!({"indexes": defs.iter().map(render::index).collect::<Vec<_>>()}),
+    Ok(reply(
+        StatusCode::OK,
+        &json::IndexList {
+            indexes: defs.iter().map(json::Index::from).collect(),
+        },
     ))
 }
 
+/// Drop an index and its rows (administrators)
+#[utoipa::path(
+    delete, path = "/api/v1/indexes/{name}", tag = "indexes", operation_id = "dropIndex",
+    security(("bearer" = [])),
+    params(DeclaredIndexPath),
+    responses(
+        (status = 204, description = "Dropping; its rows go in the background"),
+        BadRequest, Unauthorized, Forbidden, NotFound, ServiceUnavailable,
+    ),
+)]
 pub async fn delete(
     State(s): State<AppState>,
     auth: Auth,
-    Path(name): Path<String>,
+    Path(DeclaredIndexPath { name }): Path<DeclaredIndexPath>,
 ) -> ApiResult<StatusCode> {
     s.engine.drop_index(&auth.caller, &name).await?;
     Ok(StatusCode::NO_CONTENT)
