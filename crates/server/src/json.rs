@@ -21,6 +21,12 @@ pub const NAME: &str = "^[a-z0-9][a-z0-9._-]{0,63}$";
 /// `user:<name>`, `group:<id>`, `authenticated` or `everyone`.
 pub const PRINCIPAL: &str =
     "^(user:[a-z0-9][a-z0-9._-]{0,63}|group:[a-z0-9][a-z0-9._-]{0,63}|authenticated|everyone)$";
+/// `user:<name>` or `group:<id>`: who may be a member or manager of a group.
+pub const MEMBER: &str = "^(user:[a-z0-9][a-z0-9._-]{0,63}|group:[a-z0-9][a-z0-9._-]{0,63})$";
+/// Cursors: unpadded base64url of at most 200 bytes, as the server makes
+/// them (the last character carries no stray bits).
+pub const CURSOR: &str =
+    "^([A-Za-z0-9_-]{4})*([A-Za-z0-9_-][AQgw]|[A-Za-z0-9_-]{2}[AEIMQUYcgkosw048])?$";
 /// Index names as read: declared names, or a built-in's (`_kind`, ...).
 pub const INDEX_NAME: &str = "^(_[a-z_]{1,63}|[a-z0-9][a-z0-9._-]{0,63})$";
 /// A field an index names: `createdAt`, `modifiedAt`, `createdBy` or a dot
@@ -73,6 +79,25 @@ impl PartialSchema for Id {
 
 impl ToSchema for Id {}
 
+/// The schema of group members and managers ([`MEMBER`]).
+pub struct MemberName;
+
+impl PartialSchema for MemberName {
+    fn schema() -> RefOr<Schema> {
+        string_schema(
+            MEMBER,
+            None,
+            "A member or manager of a group: user:<name> or group:<id>",
+        )
+    }
+}
+
+impl ToSchema for MemberName {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Member")
+    }
+}
+
 /// The schema of index names as read ([`INDEX_NAME`]): a declared name or
 /// a built-in's.
 pub struct IndexName;
@@ -103,6 +128,23 @@ impl PartialSchema for Bytes {
 }
 
 impl ToSchema for Bytes {}
+
+/// The schema of cursors ([`CURSOR`]).
+pub struct Cursor;
+
+impl PartialSchema for Cursor {
+    fn schema() -> RefOr<Schema> {
+        let RefOr::T(Schema::Object(mut cursor)) =
+            string_schema(CURSOR, Some(267), "Opaque: the `next` of the previous page")
+        else {
+            unreachable!("an object schema")
+        };
+        cursor.min_length = Some(1);
+        RefOr::T(Schema::Object(cursor))
+    }
+}
+
+impl ToSchema for Cursor {}
 
 /// The schema of principals ([`PRINCIPAL`]).
 pub struct PrincipalName;
@@ -361,7 +403,7 @@ pub struct Group<'a> {
     #[schema(value_type = Object)]
     pub properties: &'a Map<String, Value>,
     /// Who may change its members and managers.
-    #[schema(value_type = Vec<PrincipalName>)]
+    #[schema(value_type = Vec<MemberName>)]
     pub managers: &'a [Principal],
     /// When the group was created.
     #[schema(value_type = String, format = DateTime)]
@@ -384,7 +426,7 @@ impl<'a> From<&'a tarn_engine::Group> for Group<'a> {
 #[derive(Serialize, ToSchema)]
 pub struct MemberPage<'a> {
     /// Members: `user:<name>` or `group:<id>`.
-    #[schema(value_type = Vec<PrincipalName>)]
+    #[schema(value_type = Vec<MemberName>)]
     pub members: &'a [Principal],
     /// The cursor of the next page; `null` at the end.
     #[schema(required = true)]
@@ -630,7 +672,30 @@ pub struct IndexDeclaration {
     pub sort: Vec<SortField>,
 }
 
-/// Where an index is in its life.
+impl IndexDeclaration {
+    /// Most fields `where` and `sort` name together.
+    pub const MAX_FIELDS: usize = 8;
+
+    /// The budget of fields as JSON Schema (`anyOf`), which the derive
+    /// cannot state: one alternative per split of the budget between
+    /// `where` and `sort`.
+    pub fn field_budget() -> Value {
+        let n = Self::MAX_FIELDS;
+        Value::Array(
+            (0..=n)
+                .map(|w| {
+                    json!({"properties": {
+                        "where": {"maxItems": w},
+                        "sort": {"maxItems": n - w},
+                    }})
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Where an index is in its life. (An index being dropped is gone as far as
+/// the API goes: its rows are removed in the background.)
 #[derive(Clone, Copy, Debug, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum IndexState {
@@ -638,14 +703,13 @@ pub enum IndexState {
     Building,
     /// Listings use it.
     Ready,
-    /// Being removed.
-    Dropping,
 }
 
 /// An index.
 #[derive(Serialize, ToSchema)]
 pub struct Index<'a> {
     /// Its name; built-ins start with `_`.
+    #[schema(value_type = IndexName)]
     pub name: &'a str,
     /// The kind it serves; `null` for built-ins, which serve every kind.
     #[schema(required = true)]
@@ -661,20 +725,22 @@ pub struct Index<'a> {
     pub builtin: bool,
 }
 
-impl<'a> From<&'a tarn_engine::IndexDef> for Index<'a> {
-    fn from(d: &'a tarn_engine::IndexDef) -> Index<'a> {
-        Index {
+impl<'a> Index<'a> {
+    /// The index as the API shows it; `None` while it is being dropped.
+    pub fn shown(d: &'a tarn_engine::IndexDef) -> Option<Index<'a>> {
+        let state = match d.state {
+            tarn_engine::IndexState::Building => IndexState::Building,
+            tarn_engine::IndexState::Ready => IndexState::Ready,
+            tarn_engine::IndexState::Dropping => return None,
+        };
+        Some(Index {
             name: &d.name,
             kind: d.kind.as_deref(),
             where_: &d.where_,
             sort: d.sort.iter().map(SortField::from).collect(),
-            state: match d.state {
-                tarn_engine::IndexState::Building => IndexState::Building,
-                tarn_engine::IndexState::Ready => IndexState::Ready,
-                tarn_engine::IndexState::Dropping => IndexState::Dropping,
-            },
+            state,
             builtin: d.kind.is_none(),
-        }
+        })
     }
 }
 

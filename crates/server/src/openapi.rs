@@ -10,12 +10,13 @@ use std::sync::OnceLock;
 
 use axum::body::Bytes;
 use axum::http::Method;
+use utoipa::openapi::schema::Schema;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::OpenApi as Document;
+use utoipa::openapi::{OpenApi as Document, RefOr};
 use utoipa::{Modify, OpenApi};
 
 use crate::error::Problem;
-use crate::json::{Id, IndexName, Name, PrincipalName};
+use crate::json::{Cursor, Id, IndexDeclaration, IndexName, MemberName, Name, PrincipalName};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -25,7 +26,7 @@ use crate::json::{Id, IndexName, Name, PrincipalName};
     ),
     // Schemas that parameters name: utoipa collects only the schemas of
     // bodies.
-    components(schemas(Problem, Name, PrincipalName, IndexName, Id)),
+    components(schemas(Problem, Name, PrincipalName, MemberName, IndexName, Id, Cursor)),
     modifiers(&Security),
     tags(
         (name = "system", description = "Health, metrics and this document"),
@@ -71,7 +72,22 @@ pub fn base() -> Document {
 /// The whole document.
 pub fn document() -> &'static Document {
     static DOC: OnceLock<Document> = OnceLock::new();
-    DOC.get_or_init(|| crate::routes::router().into_openapi())
+    DOC.get_or_init(|| {
+        let mut doc = crate::routes::router().into_openapi();
+        refine(&mut doc);
+        doc
+    })
+}
+
+/// Adds what the derives cannot state: constraints between fields.
+fn refine(doc: &mut Document) {
+    let schemas = &mut doc.components.get_or_insert_with(Default::default).schemas;
+    if let Some(RefOr::T(Schema::Object(declaration))) = schemas.get_mut("IndexDeclaration") {
+        declaration
+            .extensions
+            .get_or_insert_with(Default::default)
+            .insert("anyOf".into(), IndexDeclaration::field_budget());
+    }
 }
 
 /// Every operation of the document: method and path template.

@@ -36,6 +36,8 @@ use crate::AppState;
     responses(
         (status = 200, description = "The item, with its new body", body = json::Item, headers(
             ("ETag" = String, description = "The item's version, quoted"),
+        ), links(
+            ("getBody" = (operation_id = "getBody", parameters(("id" = "$response.body#/id")))),
         )),
         BadRequest, Unauthorized, Forbidden, NotFound, PreconditionFailed, PayloadTooLarge,
         ServiceUnavailable,

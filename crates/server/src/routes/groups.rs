@@ -12,7 +12,7 @@ use crate::error::{
     ServiceUnavailable, TooManyRequests, Unauthorized, UnsupportedMediaType,
 };
 use crate::extract::{Auth, JsonBody, Path, Query};
-use crate::json::{self, Name, PrincipalName};
+use crate::json::{self, MemberName, Name};
 use crate::routes::{reply, PageQuery};
 use crate::AppState;
 
@@ -22,7 +22,14 @@ use crate::AppState;
     security(("bearer" = [])),
     request_body = json::NewGroup,
     responses(
-        (status = 201, description = "The new group", body = json::Group),
+        (status = 201, description = "The new group", body = json::Group, links(
+            ("getGroup" = (operation_id = "getGroup", parameters(("id" = "$response.body#/id")))),
+            ("listMembers" = (operation_id = "listMembers", parameters(("id" = "$response.body#/id")))),
+            ("addMember" = (operation_id = "addMember", parameters(("id" = "$response.body#/id")))),
+            ("removeMember" = (operation_id = "removeMember", parameters(("id" = "$response.body#/id")))),
+            ("addManager" = (operation_id = "addManager", parameters(("id" = "$response.body#/id")))),
+            ("removeManager" = (operation_id = "removeManager", parameters(("id" = "$response.body#/id")))),
+        )),
         BadRequest, Unauthorized, Conflict, PayloadTooLarge, UnsupportedMediaType,
         TooManyRequests, ServiceUnavailable,
     ),
@@ -56,13 +63,19 @@ pub struct GroupPrincipalPath {
     #[param(value_type = Name)]
     id: String,
     /// `user:<name>` or `group:<id>`.
-    #[param(value_type = PrincipalName)]
+    #[param(value_type = MemberName)]
     principal: String,
 }
 
 impl GroupPrincipalPath {
+    /// The principal: only users and groups are members and managers.
     fn principal(&self) -> ApiResult<Principal> {
-        self.principal.parse().map_err(ApiError::from)
+        match self.principal.parse().map_err(ApiError::from)? {
+            p @ (Principal::User(_) | Principal::Group(_)) => Ok(p),
+            _ => Err(ApiError::invalid(
+                "members and managers are user:<name> or group:<id>",
+            )),
+        }
     }
 }
 

@@ -7,13 +7,18 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use crate::error::{
-    ApiResult, BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, ServiceUnavailable,
-    Unauthorized, UnsupportedMediaType,
+    ApiError, ApiResult, BadRequest, Code, Conflict, Forbidden, NotFound, PayloadTooLarge,
+    ServiceUnavailable, Unauthorized, UnsupportedMediaType,
 };
 use crate::extract::{Auth, JsonBody, Path};
 use crate::json::{self, IndexName, Name};
 use crate::routes::reply;
 use crate::AppState;
+
+/// An index that is not there, or is being dropped.
+fn no_index(name: &str) -> ApiError {
+    ApiError::not_found(format!("no index {name}"))
+}
 
 /// The path of an index to read.
 #[derive(Deserialize, IntoParams)]
@@ -44,7 +49,11 @@ pub struct DeclaredIndexPath {
     params(DeclaredIndexPath),
     request_body = json::IndexDeclaration,
     responses(
-        (status = 201, description = "Declared", body = json::Index),
+        (status = 201, description = "Declared", body = json::Index, links(
+            ("getIndex" = (operation_id = "getIndex", parameters(("name" = "$response.body#/name")))),
+            ("dropIndex" = (operation_id = "dropIndex", parameters(("name" = "$response.body#/name")))),
+            ("listItems" = (operation_id = "listItems", parameters(("kind" = "$response.body#/kind")))),
+        )),
         (status = 200, description = "An identical index exists", body = json::Index),
         BadRequest, Unauthorized, Forbidden, Conflict, PayloadTooLarge, UnsupportedMediaType,
         ServiceUnavailable,
@@ -66,7 +75,10 @@ pub async fn put(
     } else {
         StatusCode::OK
     };
-    Ok(reply(status, &json::Index::from(&def)))
+    let shown = json::Index::shown(&def).ok_or_else(|| {
+        ApiError::new(Code::Conflict, format!("the index {name} is being dropped"))
+    })?;
+    Ok(reply(status, &shown))
 }
 
 /// One index
@@ -85,7 +97,8 @@ pub async fn get(
     Path(IndexPath { name }): Path<IndexPath>,
 ) -> ApiResult<Response> {
     let def = s.engine.get_index(&auth.caller, &name).await?;
-    Ok(reply(StatusCode::OK, &json::Index::from(&def)))
+    let shown = json::Index::shown(&def).ok_or_else(|| no_index(&name))?;
+    Ok(reply(StatusCode::OK, &shown))
 }
 
 /// Every index, built-ins included
@@ -102,7 +115,7 @@ pub async fn list(State(s): State<AppState>, auth: Auth) -> ApiResult<Response> 
     Ok(reply(
         StatusCode::OK,
         &json::IndexList {
-            indexes: defs.iter().map(json::Index::from).collect(),
+            indexes: defs.iter().filter_map(json::Index::shown).collect(),
         },
     ))
 }

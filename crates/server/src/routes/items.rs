@@ -14,7 +14,7 @@ use crate::error::{
     PreconditionFailed, ServiceUnavailable, Unauthorized, UnsupportedMediaType,
 };
 use crate::extract::{serde_urlencoded_pairs, Auth, IfMatch, JsonBody, LinkKey, Path};
-use crate::json::{self, Id, Name};
+use crate::json::{self, Cursor, Id, Name};
 use crate::routes::reply;
 use crate::AppState;
 
@@ -37,6 +37,14 @@ pub fn item_response(status: StatusCode, view: &ItemView) -> Response {
         (status = 201, description = "The new item", body = json::Item, headers(
             ("ETag" = String, description = "The item's version, quoted"),
             ("Location" = String, description = "The item's URL"),
+        ), links(
+            ("getItem" = (operation_id = "getItem", parameters(("id" = "$response.body#/id")))),
+            ("patchItem" = (operation_id = "patchItem", parameters(("id" = "$response.body#/id")))),
+            ("deleteItem" = (operation_id = "deleteItem", parameters(("id" = "$response.body#/id")))),
+            ("setAcl" = (operation_id = "setAcl", parameters(("id" = "$response.body#/id")))),
+            ("createLink" = (operation_id = "createLink", parameters(("id" = "$response.body#/id")))),
+            ("putBody" = (operation_id = "putBody", parameters(("id" = "$response.body#/id")))),
+            ("getBody" = (operation_id = "getBody", parameters(("id" = "$response.body#/id")))),
         )),
         BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, ServiceUnavailable,
     ),
@@ -176,7 +184,14 @@ pub async fn set_acl(
     params(ItemPath),
     request_body = json::NewLink,
     responses(
-        (status = 201, description = "The key, shown once", body = json::Link),
+        (status = 201, description = "The key, shown once", body = json::Link, links(
+            ("getItem" = (operation_id = "getItem", parameters(
+                ("id" = "$request.path.id"), ("key" = "$response.body#/key"),
+            ))),
+            ("deleteLink" = (operation_id = "deleteLink", parameters(
+                ("id" = "$request.path.id"), ("key" = "$response.body#/key"),
+            ))),
+        )),
         BadRequest, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge,
         UnsupportedMediaType, ServiceUnavailable,
     ),
@@ -259,6 +274,7 @@ pub struct ListParams {
     #[param(minimum = 1, maximum = 1000, default = 50)]
     limit: Option<u32>,
     /// The `next` of the previous page.
+    #[param(value_type = Cursor, required = false)]
     cursor: Option<String>,
     /// Everything the caller may read (default), or only what they created.
     #[param(inline)]

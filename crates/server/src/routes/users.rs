@@ -25,7 +25,9 @@ use crate::AppState;
     security((), ("bearer" = [])),
     request_body = json::NewUser,
     responses(
-        (status = 201, description = "The new user", body = json::User),
+        (status = 201, description = "The new user", body = json::User, links(
+            ("getUser" = (operation_id = "getUser", parameters(("username" = "$response.body#/username")))),
+        )),
         BadRequest, Unauthorized, Forbidden, Conflict, PayloadTooLarge, UnsupportedMediaType,
         ServiceUnavailable,
     ),
