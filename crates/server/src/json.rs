@@ -21,6 +21,9 @@ pub const NAME: &str = "^[a-z0-9][a-z0-9._-]{0,63}$";
 /// `user:<name>`, `group:<id>`, `authenticated` or `everyone`.
 pub const PRINCIPAL: &str =
     "^(user:[a-z0-9][a-z0-9._-]{0,63}|group:[a-z0-9][a-z0-9._-]{0,63}|authenticated|everyone)$";
+/// Most grants an ACL sent in a request holds (the engine's bound; a
+/// creator's own grant is added to a new item's).
+pub const MAX_GRANTS: usize = 256;
 /// `user:<name>` or `group:<id>`: who may be a member or manager of a group.
 pub const MEMBER: &str = "^(user:[a-z0-9][a-z0-9._-]{0,63}|group:[a-z0-9][a-z0-9._-]{0,63})$";
 /// Cursors: unpadded base64url of at most 200 bytes, as the server makes
@@ -448,7 +451,7 @@ pub struct NewItem {
     pub properties: Map<String, Value>,
     /// Grants besides the creator's, who is always a manager.
     #[serde(default)]
-    #[schema(max_items = 255)]
+    #[schema(max_items = 256)]
     pub acl: Vec<Grant>,
 }
 
@@ -475,7 +478,7 @@ fn acl_with_a_manager() -> ArrayBuilder {
     ArrayBuilder::new()
         .items(Ref::from_schema_name("Grant"))
         .min_items(Some(1))
-        .max_items(Some(256))
+        .max_items(Some(MAX_GRANTS))
         .description(Some("The grants; at least one gives manager"))
         .extensions(Some(keywords([(
             "contains",

@@ -149,12 +149,12 @@ impl IntoParams for RangeHeader {
     security((), ("bearer" = [])),
     params(ItemPath, LinkKey, RangeHeader),
     responses(
-        (status = 200, description = "The bytes, with the Content-Type they were uploaded with", content((Bytes = "*/*")), headers(
+        (status = 200, description = "The bytes, with the Content-Type they were uploaded with", content(("*/*")), headers(
             ("ETag" = String, description = "The item's version, quoted"),
             ("Content-Length" = u64, description = "The body's size"),
             ("Accept-Ranges" = String, description = "`bytes`"),
         )),
-        (status = 206, description = "The bytes of the range", content((Bytes = "*/*")), headers(
+        (status = 206, description = "The bytes of the range", content(("*/*")), headers(
             ("ETag" = String, description = "The item's version, quoted"),
             ("Content-Length" = u64, description = "The range's size"),
             ("Content-Range" = String, description = "`bytes a-b/size`"),

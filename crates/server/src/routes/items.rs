@@ -172,6 +172,14 @@ pub async fn set_acl(
     Path(ItemPath { id }): Path<ItemPath>,
     JsonBody(body): JsonBody<json::Acl>,
 ) -> ApiResult<Response> {
+    // The engine bounds the ACL once duplicates are merged; the request
+    // itself is bounded as documented.
+    if body.acl.len() > json::MAX_GRANTS {
+        return Err(ApiError::invalid(format!(
+            "an ACL holds at most {} grants",
+            json::MAX_GRANTS
+        )));
+    }
     let acl = body.acl.into_iter().map(Into::into).collect();
     let view = s.engine.set_acl(&auth.caller, &id, acl, if_match).await?;
     Ok(item_response(StatusCode::OK, &view))

@@ -1081,3 +1081,40 @@ async fn properties_over_the_limit_are_refused() {
         .expect(413);
     assert_eq!(r.json()["type"], "too-large");
 }
+
+/// Regression (schemathesis): 257 grants naming one principal were
+/// accepted, since the engine bounds the ACL once duplicates are merged;
+/// the documented bound is on the request.
+#[tokio::test]
+async fn acl_requests_of_more_than_256_grants_are_refused() {
+    let app = TestApp::new().await;
+    let alice = app.user("alice").await;
+    let it = app.item(&alice, "doc", json!({}), json!([])).await;
+    let grant = json!({"principal": "user:alice", "role": "manager"});
+    let acl = |n: usize| Value::Array(vec![grant.clone(); n]);
+    let path = format!("/api/v1/items/{}/acl", it["id"].as_str().unwrap());
+    app.call(
+        Method::PUT,
+        &path,
+        Some(&alice),
+        Some(json!({"acl": acl(256)})),
+    )
+    .await
+    .expect(200);
+    app.call(
+        Method::PUT,
+        &path,
+        Some(&alice),
+        Some(json!({"acl": acl(257)})),
+    )
+    .await
+    .expect(400);
+    app.call(
+        Method::POST,
+        "/api/v1/items",
+        Some(&alice),
+        Some(json!({"kind": "doc", "acl": acl(257)})),
+    )
+    .await
+    .expect(400);
+}
