@@ -5,7 +5,7 @@ CARGO ?= cargo
 LISTEN ?= 127.0.0.1:7700
 DATA ?= ./tarn-data
 
-.PHONY: run test setup build lint check-tests bench-store
+.PHONY: run test setup build lint check-tests schemathesis bench-store
 
 setup:
 	@scripts/setup.sh
@@ -26,8 +26,13 @@ lint: setup
 check-tests: setup
 	scripts/with-postgres.sh sh -c '$(CARGO) test --workspace && TARN_TEST_STORE=sqlite $(CARGO) test -p tarn-server --test it && TARN_TEST_STORE=postgres $(CARGO) test -p tarn-server --test it'
 
+# Fuzzes a running server against its own OpenAPI document (schemathesis
+# 4.32.5 in a virtualenv under ~/.cache/tarn; see scripts/schemathesis.toml).
+schemathesis: setup
+	scripts/schemathesis.sh
+
 # Everything CI runs.
-test: lint check-tests
+test: lint check-tests schemathesis
 
 # Criterion micro-benchmarks of the SQLite store (release build).
 bench-store: setup
