@@ -64,8 +64,6 @@ impl Modify for Security {
 pub fn base() -> Document {
     let mut doc = ApiDoc::openapi();
     doc.info.version = env!("CARGO_PKG_VERSION").to_string();
-    doc.info.license = None;
-    doc.info.contact = None;
     doc
 }
 
