@@ -9,7 +9,7 @@
 #   scripts/schemathesis.sh                 # the run `make schemathesis` does
 #   scripts/schemathesis.sh --phases examples,coverage,fuzzing,stateful
 #
-# Extra arguments go to both `st run`s. Environment: ST_MAX_EXAMPLES (30 by
+# Extra arguments go to both `st run`s. Environment: ST_MAX_EXAMPLES (50 by
 # default), ST_SEED (random by default; printed by schemathesis).
 #
 # 1. Installs schemathesis 4.32.5 into a virtualenv outside the repository
@@ -27,7 +27,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ST_VERSION=4.32.5
 VENV=${XDG_CACHE_HOME:-$HOME/.cache}/tarn/venv-schemathesis-$ST_VERSION
-MAX_EXAMPLES=${ST_MAX_EXAMPLES:-30}
+MAX_EXAMPLES=${ST_MAX_EXAMPLES:-50}
 
 if ! "$VENV/bin/st" --version 2>/dev/null | grep -q "version $ST_VERSION"; then
   echo "schemathesis: installing schemathesis==$ST_VERSION into $VENV" >&2
@@ -103,7 +103,15 @@ run() {
     ${ST_SEED:+--seed "$ST_SEED"} \
     --no-color \
     --report har --report-dir "$WORK/reports/$who" \
-    "$@"
+    "$@" 2>&1 | tee "$WORK/st-$who.log"
+  local rc=${PIPESTATUS[0]}
+  # A crash inside schemathesis (a worker thread's traceback) leaves
+  # operations untested without failing the run: count it as a failure.
+  if grep -q '^Traceback' "$WORK/st-$who.log"; then
+    echo "schemathesis: schemathesis itself crashed during the run as $who" >&2
+    return 1
+  fi
+  return "$rc"
 }
 
 # schemathesis keeps its example database and caches in the working
@@ -114,7 +122,7 @@ run user "$USER_TOKEN" "$@" || status=1
 run admin "$ADMIN_TOKEN" --include-tag indexes --include-operation-id createUser "$@" || status=1
 if [ $status -ne 0 ]; then
   KEEP=$(mktemp -d /tmp/tarn-schemathesis-failed.XXXXXX)
-  cp -r "$WORK/reports" "$WORK/server.log" "$KEEP/"
+  cp -r "$WORK/reports" "$WORK/server.log" "$WORK"/st-*.log "$KEEP/"
   echo "schemathesis: failures; every request and response (HAR) and the server log are in $KEEP" >&2
 fi
 exit $status

@@ -30,8 +30,8 @@ use crate::AppState;
     security((), ("bearer" = [])),
     params(ItemPath, LinkKey, IfMatch),
     request_body(
-        description = "The bytes, of any media type",
-        content((Bytes = "application/octet-stream"), (Bytes = "*/*")),
+        description = "The bytes. Any Content-Type is taken: it is stored and downloads answer with it",
+        content((Bytes = "application/octet-stream")),
     ),
     responses(
         (status = 200, description = "The item, with its new body", body = json::Item, headers(
