@@ -17,6 +17,8 @@ use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{IntoResponses, ToSchema};
 
+use crate::json::keywords;
+
 /// Every kind of error the API answers: the one table of statuses and slugs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Code {
@@ -283,6 +285,7 @@ pub fn problem_response(status: StatusCode) -> utoipa::openapi::Response {
                         .minimum(Some(0)),
                 ))
                 .description(Some("Seconds to wait before trying again"))
+                .extensions(Some(keywords([("required", true.into())])))
                 .build(),
         );
     }
@@ -292,6 +295,7 @@ pub fn problem_response(status: StatusCode) -> utoipa::openapi::Response {
             HeaderBuilder::new()
                 .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
                 .description(Some("`bytes */size`: the body's size"))
+                .extensions(Some(keywords([("required", true.into())])))
                 .build(),
         );
     }

@@ -38,9 +38,9 @@ pub const FIELD: &str = "^[^.]+(\\.[^.]+)*$";
 /// Item ids and link keys: server-made, URL-safe.
 pub const TOKEN: &str = "^[A-Za-z0-9_-]{1,64}$";
 
-/// JSON Schema keywords utoipa's model has no field for (`not`, `contains`,
-/// a header's `required`), carried in its extension map, which is
-/// flattened into the object it belongs to.
+/// Keywords utoipa's model has no field for (JSON Schema's `not` and
+/// `contains`, a header's `required`), carried in its extension map, which
+/// is flattened into the object it belongs to.
 pub fn keywords<const N: usize>(pairs: [(&str, Value); N]) -> Extensions {
     Extensions::from_iter(pairs)
 }
