@@ -5,7 +5,7 @@ CARGO ?= cargo
 LISTEN ?= 127.0.0.1:7700
 DATA ?= ./tarn-data
 
-.PHONY: run test setup build lint check-tests bench-store test-cassandra
+.PHONY: run test setup build lint check-tests schemathesis bench-store test-cassandra
 
 setup:
 	@scripts/setup.sh
@@ -21,13 +21,24 @@ lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-# Every test, with a throwaway PostgreSQL (scripts/with-postgres.sh); the HTTP
-# suite runs three times: on the in-memory store, on SQLite and on PostgreSQL.
+# Every test, with a throwaway PostgreSQL (scripts/with-postgres.sh) and a
+# throwaway 3-node Cassandra cluster (scripts/with-cassandra.sh); the HTTP
+# suite runs four times: on the in-memory store, SQLite, PostgreSQL and
+# Cassandra.
 check-tests: setup
-	scripts/with-postgres.sh sh -c '$(CARGO) test --workspace && TARN_TEST_STORE=sqlite $(CARGO) test -p tarn-server --test it && TARN_TEST_STORE=postgres $(CARGO) test -p tarn-server --test it'
+	scripts/with-postgres.sh scripts/with-cassandra.sh sh -c '\
+	  $(CARGO) test --workspace && \
+	  TARN_TEST_STORE=sqlite $(CARGO) test -p tarn-server --test it && \
+	  TARN_TEST_STORE=postgres $(CARGO) test -p tarn-server --test it && \
+	  TARN_TEST_STORE=cassandra $(CARGO) test -p tarn-server --test it'
+
+# Fuzzes a running server against its own OpenAPI document (schemathesis
+# 4.32.5 in a virtualenv under ~/.cache/tarn; see scripts/schemathesis.toml).
+schemathesis: setup
+	scripts/schemathesis.sh
 
 # Everything CI runs.
-test: lint check-tests
+test: lint check-tests schemathesis
 
 # Criterion micro-benchmarks of the SQLite store (release build).
 bench-store: setup

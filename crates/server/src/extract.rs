@@ -1,4 +1,8 @@
-//! Extractors: who is calling, link keys, `If-Match`, JSON bodies.
+//! Extractors: who is calling, link keys, `If-Match`, path and query
+//! parameters, JSON bodies. Every refusal is problem JSON (`400
+//! invalid-input` for what cannot be read, never axum's plain-text 400 or
+//! 422), and the extractors of headers and query parameters document
+//! themselves ([`IntoParams`]).
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -8,8 +12,13 @@ use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 use tarn_engine::Caller;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::Required;
+use utoipa::IntoParams;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Code};
+use crate::json::TOKEN;
 use crate::AppState;
 
 /// The caller, from `Authorization: Bearer <token>`; anonymous without one.
@@ -36,11 +45,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Auth {
             .map(str::trim)
             .filter(|t| !t.is_empty() && t.len() <= 256)
             .ok_or_else(|| {
-                ApiError::new(
-                    axum::http::StatusCode::UNAUTHORIZED,
-                    "unauthenticated",
-                    "use Authorization: Bearer <token>",
-                )
+                ApiError::new(Code::Unauthenticated, "use Authorization: Bearer <token>")
             })?;
         Ok(Auth {
             caller: Caller::Token(token.to_string()),
@@ -55,17 +60,62 @@ impl<S: Send + Sync> FromRequestParts<S> for LinkKey {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<LinkKey> {
-        if let Some(v) = parts.headers.get("tarn-link-key") {
-            let v = v
-                .to_str()
-                .map_err(|_| ApiError::invalid("Tarn-Link-Key is not text"))?;
-            return Ok(LinkKey(Some(v.to_string())));
-        }
+        let header = match parts.headers.get("tarn-link-key") {
+            Some(v) => Some(
+                v.to_str()
+                    .map_err(|_| ApiError::invalid("Tarn-Link-Key is not text"))?
+                    .to_string(),
+            ),
+            None => None,
+        };
         let query = parts.uri.query().unwrap_or("");
-        let pairs: Vec<(String, String)> = serde_urlencoded_pairs(query)?;
-        Ok(LinkKey(
-            pairs.into_iter().find(|(k, _)| k == "key").map(|(_, v)| v),
-        ))
+        let mut keys: Vec<String> = serde_urlencoded_pairs(query)?
+            .into_iter()
+            .filter(|(k, _)| k == "key")
+            .map(|(_, v)| v)
+            .collect();
+        if keys.len() > 1 {
+            return Err(ApiError::invalid("key is given twice"));
+        }
+        // Every key presented must look like one: a malformed key is the
+        // caller's mistake even when their own role would do.
+        if let Some(bad) = header.iter().chain(&keys).find(|k| !is_token(k)) {
+            return Err(ApiError::invalid(format!("{bad:?} is not a link key")));
+        }
+        Ok(LinkKey(header.or_else(|| keys.pop())))
+    }
+}
+
+/// Whether `s` has the shape of the server's ids and keys ([`TOKEN`]).
+pub fn is_token(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl IntoParams for LinkKey {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let key = || {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(TOKEN))
+        };
+        vec![
+            ParameterBuilder::new()
+                .name("key")
+                .parameter_in(ParameterIn::Query)
+                .required(Required::False)
+                .description(Some("A link key of this item"))
+                .schema(Some(key()))
+                .build(),
+            ParameterBuilder::new()
+                .name("Tarn-Link-Key")
+                .parameter_in(ParameterIn::Header)
+                .required(Required::False)
+                .description(Some("A link key of this item, instead of ?key="))
+                .schema(Some(key()))
+                .build(),
+        ]
     }
 }
 
@@ -95,12 +145,64 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
         if v == "*" {
             return Ok(IfMatch(None));
         }
-        let v = v.strip_prefix("W/").unwrap_or(v);
-        let v = v
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .ok_or_else(bad)?;
-        v.parse().map(|n| IfMatch(Some(n))).map_err(|_| bad())
+        let tag = v.strip_prefix("W/").unwrap_or(v);
+        // A bare version (`3`) is taken as the ETag `"3"`.
+        let version = match tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+            Some(quoted) => quoted,
+            None if tag.len() == v.len() => tag,
+            None => return Err(bad()),
+        };
+        if version.is_empty() || version.len() > 19 || !version.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(bad());
+        }
+        version.parse().map(|n| IfMatch(Some(n))).map_err(|_| bad())
+    }
+}
+
+impl IntoParams for IfMatch {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![ParameterBuilder::new()
+            .name("If-Match")
+            .parameter_in(ParameterIn::Header)
+            .required(Required::False)
+            .description(Some(
+                "Change only if the item is at this version: its ETag (`\"3\"`), or the bare version (`3`); `*` means any",
+            ))
+            .schema(Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(r#"^(\*|(W/)?"[0-9]{1,19}"|[0-9]{1,19})$"#)),
+            ))
+            .build()]
+    }
+}
+
+/// Path parameters; what cannot be read is `400 invalid-input`.
+pub struct Path<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Path<T>> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| Path(p.0))
+            .map_err(|e| ApiError::invalid(e.body_text()))
+    }
+}
+
+/// Query parameters; what cannot be read (an unknown name, a malformed
+/// value, a name given twice) is `400 invalid-input`.
+pub struct Query<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<Query<T>> {
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|q| Query(q.0))
+            .map_err(|e| ApiError::invalid(e.body_text()))
     }
 }
 
@@ -228,8 +330,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             .to_ascii_lowercase();
         if essence != "application/json" && essence != "application/merge-patch+json" {
             return Err(ApiError::new(
-                axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "invalid-input",
+                Code::UnsupportedMediaType,
                 "send JSON with Content-Type: application/json",
             ));
         }
@@ -265,6 +366,45 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    async fn if_match(v: &str) -> Result<Option<u64>, u16> {
+        let (mut parts, _) = axum::http::Request::builder()
+            .header(IF_MATCH, v)
+            .body(())
+            .unwrap()
+            .into_parts();
+        IfMatch::from_request_parts(&mut parts, &())
+            .await
+            .map(|m| m.0)
+            .map_err(|e| e.code.status().as_u16())
+    }
+
+    #[tokio::test]
+    async fn if_match_takes_an_etag_a_bare_version_or_a_star() {
+        assert_eq!(if_match("\"3\"").await, Ok(Some(3)));
+        assert_eq!(if_match("W/\"3\"").await, Ok(Some(3)));
+        assert_eq!(if_match("3").await, Ok(Some(3)));
+        assert_eq!(if_match("*").await, Ok(None));
+        for bad in [
+            "\"+3\"",
+            "+3",
+            "W/3",
+            "\"3",
+            "\"\"",
+            "x",
+            "\"99999999999999999999\"",
+        ] {
+            assert_eq!(if_match(bad).await, Err(400), "{bad}");
+        }
+    }
+
+    #[test]
+    fn link_keys_have_the_shape_of_tokens() {
+        assert!(is_token("aZ09_-"));
+        for bad in ["", "a b", "a/b", "é", &"x".repeat(65)] {
+            assert!(!is_token(bad), "{bad}");
+        }
     }
 
     #[test]

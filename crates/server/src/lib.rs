@@ -1,18 +1,19 @@
 //! Tarn's HTTP API (axum): routes, authentication, JSON and errors.
 //!
 //! A handler extracts and validates input, makes one engine call and renders
-//! the result; nothing here knows SQL, key encodings or ACL rules. The routes
-//! live in one table ([`routes::table`]) that builds both the router and the
-//! OpenAPI document. Requests share nothing mutable but the store's pools
-//! and atomic metric counters.
+//! the result; nothing here knows SQL, key encodings or ACL rules. Each
+//! handler declares its route, parameters, bodies and answers beside its
+//! code; [`routes::router`] builds both the router and the OpenAPI document
+//! from them, and the bodies are the types of [`json`]. Requests share
+//! nothing mutable but the store's pools and atomic metric counters.
 
 #![warn(missing_docs)]
 
 pub mod error;
 pub mod extract;
+pub mod json;
 pub mod metrics;
 pub mod openapi;
-mod render;
 pub mod routes;
 
 use std::collections::HashMap;
@@ -21,14 +22,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use tarn_engine::{Engine, EngineConfig};
 use tarn_store::Store;
 
-use crate::error::{ApiError, ErrorCause};
+use crate::error::{ApiError, Code, ErrorCause};
 use crate::metrics::{MeteredStore, Metrics};
 
 /// Settings of the HTTP layer.
@@ -62,8 +63,8 @@ pub struct AppState {
     pub config: Arc<ServerConfig>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// `(method, route)` → metrics series; built once, read-only.
-    route_ids: Arc<HashMap<(Method, &'static str), usize>>,
+    /// Route → its methods' metrics series; built once, read-only.
+    route_ids: Arc<HashMap<String, Vec<(Method, usize)>>>,
     /// Distinguishes this process's request ids.
     node: u32,
     next_request: Arc<AtomicU64>,
@@ -73,16 +74,15 @@ impl AppState {
     /// The state of a server over `store`: the store is wrapped to be timed,
     /// and the engine built on it.
     pub fn new(store: Arc<dyn Store>, engine: EngineConfig, config: ServerConfig) -> AppState {
-        let table = routes::table();
-        let labels: Vec<(String, String)> = table
+        let operations = openapi::operations();
+        let labels: Vec<(String, String)> = operations
             .iter()
-            .map(|r| (r.method.to_string(), r.path.to_string()))
+            .map(|(m, p)| (m.to_string(), p.clone()))
             .collect();
-        let route_ids = table
-            .iter()
-            .enumerate()
-            .map(|(i, r)| ((r.method.clone(), r.path), i))
-            .collect();
+        let mut route_ids: HashMap<String, Vec<(Method, usize)>> = HashMap::new();
+        for (i, (method, path)) in operations.into_iter().enumerate() {
+            route_ids.entry(path).or_default().push((method, i));
+        }
         let metrics = Arc::new(Metrics::new(&labels));
         let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
         let mut node = [0u8; 4];
@@ -100,10 +100,7 @@ impl AppState {
 
 /// The whole HTTP application.
 pub fn app(state: AppState) -> Router {
-    let mut router = Router::new();
-    for r in routes::table() {
-        router = router.route(r.path, (r.handler)());
-    }
+    let (router, _) = routes::router().split_for_parts();
     router
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
@@ -118,8 +115,7 @@ async fn fallback() -> ApiError {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method-not-allowed",
+        Code::MethodNotAllowed,
         "this route does not take that method",
     )
 }
@@ -139,8 +135,9 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
     };
     let series = route
         .as_deref()
-        .and_then(|r| s.route_ids.get(&(key_method, r)).copied())
-        .unwrap_or_else(|| s.metrics.unmatched());
+        .and_then(|r| s.route_ids.get(r))
+        .and_then(|ms| ms.iter().find(|(m, _)| *m == key_method))
+        .map_or_else(|| s.metrics.unmatched(), |(_, i)| *i);
     let n = s.next_request.fetch_add(1, Ordering::Relaxed);
     let request_id = format!("{:08x}-{n:x}", s.node);
     let _in_flight = s.metrics.start();
@@ -167,6 +164,6 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
 }
 
 /// Renders any error as problem JSON (for callers outside the router).
-pub fn problem(status: StatusCode, slug: &'static str, detail: &str) -> Response {
-    ApiError::new(status, slug, detail).into_response()
+pub fn problem(code: Code, detail: &str) -> Response {
+    ApiError::new(code, detail).into_response()
 }

@@ -1,178 +1,122 @@
-//! The OpenAPI 3.1 document, generated from the route table and the schemas
-//! below, served at `/api/v1/openapi.json`.
+//! The OpenAPI 3.1 document, served at `/api/v1/openapi.json`.
+//!
+//! Its operations come from the handlers' `#[utoipa::path]` declarations,
+//! gathered by [`crate::routes::router`]; its schemas from the types of
+//! [`crate::json`]; its error responses from the table in
+//! [`crate::error`]. This module adds what belongs to the whole document:
+//! its description, the bearer security scheme and the problem schema.
 
-use serde_json::{json, Map, Value};
+use std::sync::OnceLock;
 
-use crate::routes::{table, Input, Output};
+use axum::body::Bytes;
+use axum::http::Method;
+use utoipa::openapi::schema::Schema;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{OpenApi as Document, RefOr};
+use utoipa::{Modify, OpenApi};
 
-/// The path parameters of a template, in order.
-pub fn path_params(path: &str) -> Vec<&str> {
-    path.split('/')
-        .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-        .collect()
+use crate::error::Problem;
+use crate::json::{Cursor, Id, IndexDeclaration, IndexName, MemberName, Name, PrincipalName};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Tarn HTTP API",
+        description = "A collaboration content server: users, nested groups, items shared per user, group, everyone or link, and listings served by indexes that hold the reader.\n\nErrors are RFC 9457 problem JSON whose `type` is a stable slug. A method a path does not take answers `405 method-not-allowed` with `Allow`; a path outside this document answers `404 not-found`. Requests without a token act as the anonymous caller (principal `everyone`); an item the caller may not read answers `404`, exactly like one that does not exist.",
+    ),
+    // Schemas that parameters name: utoipa collects only the schemas of
+    // bodies.
+    components(schemas(Problem, Name, PrincipalName, MemberName, IndexName, Id, Cursor)),
+    modifiers(&Security),
+    tags(
+        (name = "system", description = "Health, metrics and this document"),
+        (name = "users", description = "Users and sessions"),
+        (name = "groups", description = "Nested groups, their members and managers"),
+        (name = "items", description = "Items, their sharing and links, and listings"),
+        (name = "bodies", description = "Item bodies, streamed"),
+        (name = "search", description = "Full-text search over text indexes"),
+        (name = "changes", description = "The change feed, paged and live"),
+        (name = "indexes", description = "Index declarations (administrators)"),
+    ),
+)]
+struct ApiDoc;
+
+/// The bearer token scheme of `POST /api/v1/sessions`.
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, doc: &mut Document) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "`Authorization: Bearer <token>`, the token of `POST /api/v1/sessions`",
+                    ))
+                    .build(),
+            ),
+        );
+    }
 }
 
-fn schema_ref(name: &str) -> Value {
-    json!({ "$ref": format!("#/components/schemas/{name}") })
-}
-
-fn problem() -> Value {
-    json!({
-        "description": "An error, as RFC 9457 problem JSON",
-        "content": { "application/problem+json": { "schema": schema_ref("Problem") } }
-    })
+/// What the routes extend: the document's description, security scheme and
+/// shared schemas.
+pub fn base() -> Document {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+    doc
 }
 
 /// The whole document.
-pub fn document() -> Value {
-    let mut paths: Map<String, Value> = Map::new();
-    for r in table() {
-        let mut params: Vec<Value> = path_params(r.path)
-            .into_iter()
-            .map(|p| json!({"name": p, "in": "path", "required": true, "schema": {"type": "string"}}))
-            .collect();
-        for (name, description) in r.query {
-            params.push(json!({
-                "name": name, "in": "query", "required": false,
-                "description": description, "schema": {"type": "string"}
-            }));
-        }
-        if r.auth {
-            params.push(json!({
-                "name": "Authorization", "in": "header", "required": false,
-                "description": "Bearer <token> from POST /api/v1/sessions",
-                "schema": {"type": "string"}
-            }));
-        }
-        let mut op = json!({
-            "operationId": r.id,
-            "summary": r.summary,
-            "parameters": params,
-        });
-        match r.input {
-            Input::None => {}
-            Input::Json(s) => {
-                op["requestBody"] = json!({
-                    "required": true,
-                    "content": { "application/json": { "schema": schema_ref(s) } }
-                })
-            }
-            Input::Bytes => {
-                op["requestBody"] = json!({
-                    "required": true,
-                    "content": { "*/*": { "schema": {"type": "string", "contentMediaType": "application/octet-stream"} } }
-                })
-            }
-        }
-        let ok = match r.ok.1 {
-            Output::Empty => json!({"description": "Done"}),
-            Output::Json(s) => json!({
-                "description": "Success",
-                "content": { "application/json": { "schema": schema_ref(s) } }
-            }),
-            Output::Bytes => json!({
-                "description": "The bytes (206 for a Range)",
-                "content": { "*/*": { "schema": {"type": "string", "contentMediaType": "application/octet-stream"} } }
-            }),
-            Output::Text => json!({
-                "description": "Prometheus text exposition",
-                "content": { "text/plain": { "schema": {"type": "string"} } }
-            }),
-        };
-        op["responses"] = json!({ r.ok.0.to_string(): ok, "default": problem() });
-        let entry = paths
-            .entry(r.path.to_string())
-            .or_insert_with(|| Value::Object(Map::new()));
-        entry[r.method.as_str().to_ascii_lowercase()] = op;
-    }
-    json!({
-        "openapi": "3.1.0",
-        "info": {
-            "title": "Tarn HTTP API",
-            "version": env!("CARGO_PKG_VERSION"),
-            "description": "A collaboration content server: users, nested groups, items shared per user, group, everyone or link, and listings served by indexes that hold the reader."
-        },
-        "paths": paths,
-        "components": { "schemas": schemas() },
+pub fn document() -> &'static Document {
+    static DOC: OnceLock<Document> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut doc = crate::routes::router().into_openapi();
+        refine(&mut doc);
+        doc
     })
 }
 
-fn schemas() -> Value {
-    let obj = json!({"type": "object"});
-    let time = json!({"type": "string", "format": "date-time"});
-    let name = json!({"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,63}$"});
-    let role = json!({"type": "string", "enum": ["viewer", "editor", "manager"]});
-    let principal = json!({"type": "string", "description": "user:<name>, group:<id>, authenticated or everyone"});
-    let grant = json!({"type": "object", "required": ["principal", "role"],
-        "properties": {"principal": principal, "role": role}});
-    let sort_field = json!({"type": "object", "required": ["field", "order"],
-        "properties": {"field": {"type": "string"}, "order": {"type": "string", "enum": ["asc", "desc"]}}});
-    let user = json!({"type": "object", "properties": {
-        "username": name, "properties": obj, "admin": {"type": "boolean"}, "createdAt": time}});
-    json!({
-        "Problem": {"type": "object", "required": ["type", "title", "status", "detail"], "properties": {
-            "type": {"type": "string", "description": "stable slug: invalid-input, unauthenticated, forbidden, not-found, conflict, version-mismatch, no-index, index-building, too-large, rate-limited, unavailable, internal"},
-            "title": {"type": "string"}, "status": {"type": "integer"}, "detail": {"type": "string"}}},
-        "Health": {"type": "object", "properties": {"status": {"type": "string"}}},
-        "OpenApi": obj,
-        "NewUser": {"type": "object", "required": ["username", "password"], "properties": {
-            "username": name, "password": {"type": "string", "minLength": 8},
-            "properties": obj, "admin": {"type": "boolean", "description": "admins only"}}},
-        "User": user,
-        "PublicUser": {"type": "object", "properties": {"username": name, "properties": obj}},
-        "SignIn": {"type": "object", "required": ["username", "password"], "properties": {
-            "username": {"type": "string"}, "password": {"type": "string"}}},
-        "Session": {"type": "object", "properties": {"token": {"type": "string"}, "user": user}},
-        "Me": {"type": "object", "properties": {"username": name, "properties": obj,
-            "admin": {"type": "boolean"}, "createdAt": time,
-            "groups": {"type": "array", "items": name}}},
-        "NewGroup": {"type": "object", "required": ["id"], "properties": {
-            "id": name, "title": {"type": "string"}, "properties": obj}},
-        "Group": {"type": "object", "properties": {"id": name, "title": {"type": "string"},
-            "properties": obj, "managers": {"type": "array", "items": principal}, "createdAt": time}},
-        "MemberPage": {"type": "object", "properties": {
-            "members": {"type": "array", "items": principal},
-            "next": {"type": ["string", "null"]}}},
-        "NewItem": {"type": "object", "required": ["kind"], "properties": {
-            "kind": name, "properties": obj, "acl": {"type": "array", "items": grant}}},
-        "Item": {"type": "object", "properties": {
-            "id": {"type": "string"}, "kind": name, "properties": obj,
-            "version": {"type": "integer"}, "createdBy": name,
-            "createdAt": time, "modifiedAt": time,
-            "body": {"type": ["object", "null"], "properties": {
-                "size": {"type": "integer"}, "contentType": {"type": "string"}, "sha256": {"type": "string"}}},
-            "role": role,
-            "acl": {"type": "array", "items": grant, "description": "managers only"}}},
-        "ItemPatch": {"type": "object", "required": ["properties"], "properties": {
-            "properties": {"description": "an RFC 7396 JSON merge patch of the properties"}}},
-        "ItemPage": {"type": "object", "properties": {
-            "items": {"type": "array", "items": schema_ref("Item")},
-            "next": {"type": ["string", "null"]}}},
-        "AclBody": {"type": "object", "required": ["acl"], "properties": {
-            "acl": {"type": "array", "items": grant}}},
-        "NewLink": {"type": "object", "required": ["role"], "properties": {
-            "role": {"type": "string", "enum": ["viewer", "editor"]}}},
-        "Link": {"type": "object", "properties": {"key": {"type": "string"}, "role": role}},
-        "IndexDeclaration": {"type": "object", "required": ["kind"], "properties": {
-            "kind": name, "where": {"type": "array", "items": {"type": "string"}},
-            "sort": {"type": "array", "items": sort_field}}},
-        "Index": {"type": "object", "properties": {
-            "name": {"type": "string"}, "kind": {"type": ["string", "null"]},
-            "where": {"type": "array", "items": {"type": "string"}},
-            "sort": {"type": "array", "items": sort_field},
-            "state": {"type": "string", "enum": ["building", "ready", "dropping"]},
-            "builtin": {"type": "boolean"}}},
-        "SearchPage": {"type": "object", "properties": {
-            "items": {"type": "array", "items": {"allOf": [schema_ref("Item"), {"type": "object", "properties": {"score": {"type": "number"}}}]}},
-            "next": {"type": ["string", "null"]}}},
-        "Change": {"type": "object", "required": ["cursor", "op", "id", "kind", "version", "at"], "properties": {
-            "cursor": {"type": "string"}, "op": {"type": "string", "enum": ["put", "remove"]},
-            "id": {"type": "string"}, "kind": name, "version": {"type": "integer"}, "at": time,
-            "item": schema_ref("Item")}},
-        "ChangePage": {"type": "object", "properties": {
-            "changes": {"type": "array", "items": schema_ref("Change")},
-            "next": {"type": "string"}}},
-        "IndexList": {"type": "object", "properties": {
-            "indexes": {"type": "array", "items": schema_ref("Index")}}},
+/// Adds what the derives cannot state: constraints between fields.
+fn refine(doc: &mut Document) {
+    let schemas = &mut doc.components.get_or_insert_with(Default::default).schemas;
+    if let Some(RefOr::T(Schema::Object(declaration))) = schemas.get_mut("IndexDeclaration") {
+        let extensions = declaration.extensions.get_or_insert_with(Default::default);
+        extensions.insert("anyOf".into(), IndexDeclaration::field_budget());
+        extensions.insert("allOf".into(), IndexDeclaration::shape());
+    }
+}
+
+/// Every operation of the document: method and path template.
+pub fn operations() -> Vec<(Method, String)> {
+    let mut out = Vec::new();
+    for (path, item) in &document().paths.paths {
+        let methods = [
+            (Method::GET, &item.get),
+            (Method::PUT, &item.put),
+            (Method::POST, &item.post),
+            (Method::DELETE, &item.delete),
+            (Method::OPTIONS, &item.options),
+            (Method::HEAD, &item.head),
+            (Method::PATCH, &item.patch),
+            (Method::TRACE, &item.trace),
+        ];
+        for (method, op) in methods {
+            if op.is_some() {
+                out.push((method, path.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The document as served: JSON, rendered once.
+pub fn json() -> Bytes {
+    static JSON: OnceLock<Bytes> = OnceLock::new();
+    JSON.get_or_init(|| {
+        Bytes::from(serde_json::to_vec(document()).expect("the document serialises"))
     })
+    .clone()
 }

@@ -94,7 +94,9 @@ impl Inner {
     /// The first bucket that may hold entries of `feed`.
     async fn first_bucket(&self, feed: Table) -> StoreResult<i64> {
         let born = self.get_row(&meta_key("born")?).await?;
-        let trimmed = self.get_row(&meta_key(&format!("trimmed:{}", feed.name()))?).await?;
+        let trimmed = self
+            .get_row(&meta_key(&format!("trimmed:{}", feed.name()))?)
+            .await?;
         let bucket = |r: Option<Row>| {
             r.and_then(|r| r.value.try_into().ok())
                 .map_or(0, |b: [u8; 8]| i64::from_be_bytes(b))
@@ -153,7 +155,8 @@ impl Inner {
                         .direction(Direction::Forward)
                 })
                 .collect();
-            let answers = futures_util::future::try_join_all(scans.iter().map(|s| self.scan(s))).await?;
+            let answers =
+                futures_util::future::try_join_all(scans.iter().map(|s| self.scan(s))).await?;
             let mut rows: Vec<Row> = answers.into_iter().flatten().collect();
             rows.sort_by(|a, b| a.clustering.cmp(&b.clustering));
             rows.truncate(want);
@@ -201,7 +204,10 @@ impl Inner {
                 let full = rest.len() == limit;
                 let hidden = key.table.name().starts_with(FEED_PREFIX) || key.table.name() == META;
                 for r in rest.into_iter().filter(|_| !hidden) {
-                    out.push((Key::new(key.table, key.partition.clone(), r.clustering.clone()), r));
+                    out.push((
+                        Key::new(key.table, key.partition.clone(), r.clustering.clone()),
+                        r,
+                    ));
                 }
                 if full && !out.is_empty() {
                     let next = [
@@ -239,8 +245,12 @@ impl Inner {
                 Some(CqlValue::Blob(b)) => Some(b.clone()),
                 _ => None,
             };
-            let (Some(tbl), Some(part), Some(clus)) = (text(&cols[0]), blob(&cols[1]), blob(&cols[3])) else {
-                return Err(StoreError::Corrupt("a row of scan_all without its key".into()));
+            let (Some(tbl), Some(part), Some(clus)) =
+                (text(&cols[0]), blob(&cols[1]), blob(&cols[3]))
+            else {
+                return Err(StoreError::Corrupt(
+                    "a row of scan_all without its key".into(),
+                ));
             };
             let kind = match &cols[2] {
                 Some(CqlValue::TinyInt(k)) => *k,
@@ -248,7 +258,11 @@ impl Inner {
             };
             let tok = match &cols[6] {
                 Some(CqlValue::BigInt(t)) => *t,
-                _ => return Err(StoreError::Corrupt("a row of scan_all without its token".into())),
+                _ => {
+                    return Err(StoreError::Corrupt(
+                        "a row of scan_all without its token".into(),
+                    ))
+                }
             };
             let table = Table::named(&tbl)
                 .ok_or_else(|| StoreError::Corrupt(format!("table name {tbl:?}")))?;
@@ -262,12 +276,23 @@ impl Inner {
                 Some(CqlValue::BigInt(v)) => version_u64(*v),
                 _ => 0,
             };
-            out.push((key, Row { clustering: clus, value, version }));
+            out.push((
+                key,
+                Row {
+                    clustering: clus,
+                    value,
+                    version,
+                },
+            ));
         }
         let next = match last {
-            Some((tok, key)) if raw == want => {
-                Some([tok.to_be_bytes().to_vec(), tarn_store::encode_row_cursor(&key)].concat())
-            }
+            Some((tok, key)) if raw == want => Some(
+                [
+                    tok.to_be_bytes().to_vec(),
+                    tarn_store::encode_row_cursor(&key),
+                ]
+                .concat(),
+            ),
             _ => None,
         };
         Ok((out, next))
@@ -322,9 +347,10 @@ impl crate::CassandraStore {
         }
         let ts = inner.clock.next();
         futures_util::future::try_join_all(parts.iter().map(|(p, upto)| {
-            inner
-                .session
-                .execute_unpaged(&inner.st.feed_trim, (ts, table.name(), p.as_slice(), upto.as_slice()))
+            inner.session.execute_unpaged(
+                &inner.st.feed_trim,
+                (ts, table.name(), p.as_slice(), upto.as_slice()),
+            )
         }))
         .await
         .map_err(map_exec)?;
@@ -338,5 +364,4 @@ impl crate::CassandraStore {
         tarn_store::Store::write(self, b).await?;
         Ok(gone.len())
     }
-
 }

@@ -49,10 +49,16 @@ pub async fn cassandra_store() -> tarn_store_cassandra::CassandraStore {
     );
     let mut b = [0u8; 8];
     getrandom::fill(&mut b).unwrap();
-    let (hosts, rest) = base.rsplit_once('/').expect("cassandra://hosts/keyspace?...");
-    let query = rest.split_once('?').map_or(String::new(), |(_, q)| format!("?{q}"));
+    let (hosts, rest) = base
+        .rsplit_once('/')
+        .expect("cassandra://hosts/keyspace?...");
+    let query = rest
+        .split_once('?')
+        .map_or(String::new(), |(_, q)| format!("?{q}"));
     let url = format!("{hosts}/e_{:016x}{query}", u64::from_le_bytes(b));
-    tarn_store_cassandra::CassandraStore::connect(&url).await.unwrap()
+    tarn_store_cassandra::CassandraStore::connect(&url)
+        .await
+        .unwrap()
 }
 
 /// An engine on the test Cassandra cluster, in a fresh keyspace.

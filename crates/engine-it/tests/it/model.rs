@@ -607,6 +607,14 @@ proptest! {
     // Every PostgreSQL case costs a schema and real round trips: fewer cases.
     #![proptest_config(ProptestConfig::with_cases(cases() / 2))]
 
+    #[test]
+    fn model_postgres(ops in prop::collection::vec(op(), 1..40)) {
+        let rt = runtime();
+        let engine = rt.block_on(common::postgres());
+        rt.block_on(run(engine, ops));
+    }
+}
+
 proptest! {
     // A Cassandra case costs a keyspace and quorum round trips on three
     // nodes: fewer cases still (TARN_MODEL_CASES raises them all).
@@ -615,14 +623,6 @@ proptest! {
     fn model_cassandra(ops in prop::collection::vec(op(), 1..30)) {
         let rt = runtime();
         let engine = rt.block_on(common::cassandra());
-        rt.block_on(run(engine, ops));
-    }
-}
-
-    #[test]
-    fn model_postgres(ops in prop::collection::vec(op(), 1..40)) {
-        let rt = runtime();
-        let engine = rt.block_on(common::postgres());
         rt.block_on(run(engine, ops));
     }
 }

@@ -1,23 +1,54 @@
 //! Item bodies: streamed in and out, with `Range`.
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use tarn_engine::BodyRange;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::Required;
+use utoipa::IntoParams;
 
-use crate::error::{ApiError, ApiResult};
-use crate::extract::{Auth, IfMatch, LinkKey};
-use crate::routes::items::item_response;
+use crate::error::{
+    ApiError, ApiResult, BadRequest, Code, Forbidden, NotFound, PayloadTooLarge,
+    PreconditionFailed, RangeNotSatisfiable, ServiceUnavailable, Unauthorized,
+};
+use crate::extract::{Auth, IfMatch, LinkKey, Path};
+use crate::json::{self, Bytes};
+use crate::routes::items::{item_response, ItemPath};
 use crate::AppState;
 
+/// Upload the body, streamed (editors)
+///
+/// The bytes are stored with the request's `Content-Type` (required, at
+/// most 255 bytes), which downloads answer with. A large body never sits
+/// whole in memory.
+#[utoipa::path(
+    put, path = "/api/v1/items/{id}/body", tag = "bodies", operation_id = "putBody",
+    security((), ("bearer" = [])),
+    params(ItemPath, LinkKey, IfMatch),
+    request_body(
+        description = "The bytes. Any Content-Type is taken: it is stored and downloads answer with it",
+        content((Bytes = "application/octet-stream")),
+    ),
+    responses(
+        (status = 200, description = "The item, with its new body", body = json::Item, headers(
+            ("ETag" = String, description = "The item's version, quoted"),
+        ), links(
+            ("getBody" = (operation_id = "getBody", parameters(("id" = "$response.body#/id")))),
+        )),
+        BadRequest, Unauthorized, Forbidden, NotFound, PreconditionFailed, PayloadTooLarge,
+        ServiceUnavailable,
+    ),
+)]
 pub async fn put(
     State(s): State<AppState>,
     auth: Auth,
     LinkKey(key): LinkKey,
     IfMatch(if_match): IfMatch,
-    Path(id): Path<String>,
+    Path(ItemPath { id }): Path<ItemPath>,
     req: Request,
 ) -> ApiResult<Response> {
     let content_type = req
@@ -95,11 +126,47 @@ fn parse_range(headers: &HeaderMap, size: u64) -> Result<Option<BodyRange>, ()> 
     Ok(Some(range))
 }
 
+/// `Range: bytes=a-b`, `bytes=a-` or `bytes=-n`, documented.
+pub struct RangeHeader;
+
+impl IntoParams for RangeHeader {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![ParameterBuilder::new()
+            .name("Range")
+            .parameter_in(ParameterIn::Header)
+            .required(Required::False)
+            .description(Some(
+                "One byte range: `bytes=a-b`, `bytes=a-` or `bytes=-n` answers 206; several ranges or another unit answer the whole body; a range past the end answers 416",
+            ))
+            .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+            .build()]
+    }
+}
+
+/// Download the body
+#[utoipa::path(
+    get, path = "/api/v1/items/{id}/body", tag = "bodies", operation_id = "getBody",
+    security((), ("bearer" = [])),
+    params(ItemPath, LinkKey, RangeHeader),
+    responses(
+        (status = 200, description = "The bytes, with the Content-Type they were uploaded with", content(("*/*")), headers(
+            ("ETag" = String, description = "The item's version, quoted"),
+            ("Content-Length" = u64, description = "The body's size"),
+            ("Accept-Ranges" = String, description = "`bytes`"),
+        )),
+        (status = 206, description = "The bytes of the range", content(("*/*")), headers(
+            ("ETag" = String, description = "The item's version, quoted"),
+            ("Content-Length" = u64, description = "The range's size"),
+            ("Content-Range" = String, description = "`bytes a-b/size`"),
+        )),
+        BadRequest, Unauthorized, NotFound, RangeNotSatisfiable, ServiceUnavailable,
+    ),
+)]
 pub async fn get(
     State(s): State<AppState>,
     auth: Auth,
     LinkKey(key): LinkKey,
-    Path(id): Path<String>,
+    Path(ItemPath { id }): Path<ItemPath>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let (view, reader) = s
@@ -114,8 +181,7 @@ pub async fn get(
         Ok(r) => r,
         Err(()) => {
             let mut e = ApiError::new(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                "invalid-input",
+                Code::RangeNotSatisfiable,
                 format!("the body has {} bytes", meta.size),
             )
             .into_response();

@@ -4,103 +4,186 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::request::Parts;
+use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::Json;
+use axum::response::Response;
 use futures_util::Stream;
-use serde_json::{json, Value};
-use tarn_engine::{Change, ChangeOp, Event};
+use tarn_engine::Event;
+use utoipa::IntoParams;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, BadRequest, Gone, ServiceUnavailable, Unauthorized};
 use crate::extract::{serde_urlencoded_pairs, Auth};
-use crate::{render, AppState};
+use crate::json::{self, Cursor, Name};
+use crate::routes::reply;
+use crate::AppState;
 
-/// A change as api.md writes it.
-fn change(c: &Change) -> Value {
-    let mut out = json!({
-        "cursor": c.cursor,
-        "op": match c.op { ChangeOp::Put => "put", ChangeOp::Remove => "remove" },
-        "id": c.id,
-        "kind": c.kind,
-        "version": c.version,
-        "at": tarn_engine::format_time(c.at),
-    });
-    if let Some(item) = &c.item {
-        out["item"] = render::item(item);
-    }
-    out
-}
-
-struct FeedQuery {
+/// The query of `/changes`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ChangesParams {
+    /// A cursor (a change's, or a page's `next`); without it, the current
+    /// end: no changes, and the cursor to poll from.
+    #[param(value_type = Cursor, required = false)]
     since: Option<String>,
+    /// Only changes of items of this kind.
+    #[param(value_type = Name, required = false)]
     kind: Option<String>,
-    limit: usize,
+    /// The most changes returned.
+    #[param(minimum = 1, maximum = 1000, default = 50)]
+    limit: Option<u32>,
 }
 
-fn feed_query(uri: &axum::http::Uri, with_limit: bool) -> ApiResult<FeedQuery> {
-    let mut q = FeedQuery {
-        since: None,
-        kind: None,
-        limit: 50,
-    };
-    for (k, v) in serde_urlencoded_pairs(uri.query().unwrap_or(""))? {
-        match k.as_str() {
-            "since" => q.since = Some(v),
-            "kind" => q.kind = Some(v),
-            "limit" if with_limit => {
-                q.limit = v
-                    .parse()
-                    .map_err(|_| ApiError::invalid("limit must be a number from 1 to 1000"))?
+/// The query of `/events`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsParams {
+    /// A cursor to resume after (or the `Last-Event-ID` header, which wins);
+    /// without either, from now.
+    #[param(value_type = Cursor, required = false)]
+    since: Option<String>,
+    /// Only changes of items of this kind.
+    #[param(value_type = Name, required = false)]
+    kind: Option<String>,
+}
+
+/// Parses a feed query: `since`, `kind` and, when `limit` is `Some`,
+/// `limit`; each at most once.
+fn feed_query(
+    parts: &Parts,
+    mut limit: Option<&mut Option<u32>>,
+) -> ApiResult<(Option<String>, Option<String>)> {
+    let (mut since, mut kind) = (None, None);
+    for (k, v) in serde_urlencoded_pairs(parts.uri.query().unwrap_or(""))? {
+        let dup = || ApiError::invalid(format!("{k} is given twice"));
+        match (k.as_str(), limit.as_deref_mut()) {
+            ("since", _) if since.is_some() => return Err(dup()),
+            ("since", _) => since = Some(v),
+            ("kind", _) if kind.is_some() => return Err(dup()),
+            ("kind", _) if !tarn_engine::is_valid_name(&v) => {
+                return Err(ApiError::invalid(format!("kind {v:?} is not a valid kind")))
             }
-            other => return Err(ApiError::invalid(format!("unknown parameter {other}"))),
+            ("kind", _) => kind = Some(v),
+            ("limit", Some(Some(_))) => return Err(dup()),
+            ("limit", Some(slot)) => {
+                *slot = Some(
+                    v.parse()
+                        .map_err(|_| ApiError::invalid("limit must be a number from 1 to 1000"))?,
+                )
+            }
+            (other, _) => return Err(ApiError::invalid(format!("unknown parameter {other}"))),
         }
     }
-    Ok(q)
+    Ok((since, kind))
 }
 
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ChangesParams {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<ChangesParams> {
+        let mut limit = None;
+        let (since, kind) = feed_query(parts, Some(&mut limit))?;
+        Ok(ChangesParams { since, kind, limit })
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for EventsParams {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<EventsParams> {
+        let (mut since, kind) = feed_query(parts, None)?;
+        // A browser's EventSource resumes with Last-Event-ID by itself.
+        if let Some(v) = parts.headers.get("last-event-id") {
+            let v = v
+                .to_str()
+                .map_err(|_| ApiError::invalid("Last-Event-ID is not text"))?;
+            if !v.is_empty() {
+                since = Some(v.to_string());
+            }
+        }
+        Ok(EventsParams { since, kind })
+    }
+}
+
+/// A page of the changes the caller may see, in commit order
+///
+/// A caller sees a change only if it could read the item before or after
+/// it; `remove` says only that the item is no longer visible. A cursor
+/// older than the changes kept answers `410` with `type` `resync`: list
+/// again, then read on from a fresh cursor.
+#[utoipa::path(
+    get, path = "/api/v1/changes", tag = "changes", operation_id = "changes",
+    security((), ("bearer" = [])),
+    params(ChangesParams),
+    responses(
+        (status = 200, description = "A page of changes", body = json::ChangePage),
+        BadRequest, Unauthorized, Gone, ServiceUnavailable,
+    ),
+)]
 pub async fn changes(
     State(s): State<AppState>,
     auth: Auth,
-    uri: axum::http::Uri,
-) -> ApiResult<Json<Value>> {
-    let q = feed_query(&uri, true)?;
+    params: ChangesParams,
+) -> ApiResult<Response> {
     let page = s
         .engine
-        .changes(&auth.caller, q.since.as_deref(), q.kind.as_deref(), q.limit)
+        .changes(
+            &auth.caller,
+            params.since.as_deref(),
+            params.kind.as_deref(),
+            params.limit.map_or(50, |n| n as usize),
+        )
         .await?;
-    Ok(Json(json!({
-        "changes": page.changes.iter().map(change).collect::<Vec<_>>(),
-        "next": page.next,
-    })))
+    Ok(reply(
+        StatusCode::OK,
+        &json::ChangePage {
+            changes: page.changes.iter().map(json::Change::from).collect(),
+            next: &page.next,
+        },
+    ))
 }
 
+/// The changes the caller may see, live (server-sent events)
+///
+/// Each change is one event whose `id` is its cursor and whose `data` is
+/// the change as JSON (the schema `Change`), so an `EventSource` resumes
+/// by itself. A comment line comes at least every 15 s while idle. When
+/// the caller's groups change, or a cursor is older than the changes kept,
+/// an `event: resync` with `data: {}` comes instead and the stream stays
+/// open: the client lists again what it shows.
+#[utoipa::path(
+    get, path = "/api/v1/events", tag = "changes", operation_id = "events",
+    security((), ("bearer" = [])),
+    params(
+        EventsParams,
+        ("Last-Event-ID" = Option<String>, Header, description = "The cursor to resume after, as an `EventSource` sends it"),
+    ),
+    responses(
+        (status = 200, description = "A stream of changes that stays open",
+            content_type = "text/event-stream", body = String),
+        BadRequest, Unauthorized, ServiceUnavailable,
+    ),
+)]
 pub async fn events(
     State(s): State<AppState>,
     auth: Auth,
-    headers: HeaderMap,
-    uri: axum::http::Uri,
+    params: EventsParams,
 ) -> ApiResult<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>> {
-    let mut q = feed_query(&uri, false)?;
-    // A browser's EventSource resumes with Last-Event-ID by itself.
-    if let Some(v) = headers.get("last-event-id") {
-        let v = v
-            .to_str()
-            .map_err(|_| ApiError::invalid("Last-Event-ID is not text"))?;
-        if !v.is_empty() {
-            q.since = Some(v.to_string());
-        }
-    }
     let sub = s
         .engine
-        .subscribe(&auth.caller, q.since.as_deref(), q.kind.as_deref())
+        .subscribe(
+            &auth.caller,
+            params.since.as_deref(),
+            params.kind.as_deref(),
+        )
         .await?;
     let stream = futures_util::stream::unfold(Some(sub), |sub| async move {
         let mut sub = sub?;
         match sub.next().await {
             Ok(Event::Change(c)) => {
-                let e = SseEvent::default()
-                    .id(c.cursor.clone())
-                    .data(change(&c).to_string());
+                let data =
+                    serde_json::to_string(&json::Change::from(&*c)).expect("a change serialises");
+                let e = SseEvent::default().id(c.cursor.clone()).data(data);
                 Some((Ok(e), Some(sub)))
             }
             Ok(Event::Resync) => {

@@ -1,121 +1,219 @@
 //! Groups, members and managers.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::Json;
+use axum::response::Response;
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
 use tarn_engine::Principal;
+use utoipa::IntoParams;
 
-use crate::error::{ApiError, ApiResult};
-use crate::extract::{serde_urlencoded_pairs, Auth, JsonBody};
-use crate::{render, AppState};
+use crate::error::{
+    ApiError, ApiResult, BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge,
+    ServiceUnavailable, TooManyRequests, Unauthorized, UnsupportedMediaType,
+};
+use crate::extract::{Auth, JsonBody, Path, Query};
+use crate::json::{self, MemberName, Name};
+use crate::routes::{reply, PageQuery};
+use crate::AppState;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewGroup {
-    id: String,
-    title: Option<String>,
-    #[serde(default)]
-    properties: Map<String, Value>,
-}
-
+/// Create a group; the caller manages it
+#[utoipa::path(
+    post, path = "/api/v1/groups", tag = "groups", operation_id = "createGroup",
+    security(("bearer" = [])),
+    request_body = json::NewGroup,
+    responses(
+        (status = 201, description = "The new group", body = json::Group, links(
+            ("getGroup" = (operation_id = "getGroup", parameters(("id" = "$response.body#/id")))),
+            ("listMembers" = (operation_id = "listMembers", parameters(("id" = "$response.body#/id")))),
+            ("addMember" = (operation_id = "addMember", parameters(("id" = "$response.body#/id")))),
+            ("removeMember" = (operation_id = "removeMember", parameters(("id" = "$response.body#/id")))),
+            ("addManager" = (operation_id = "addManager", parameters(("id" = "$response.body#/id")))),
+            ("removeManager" = (operation_id = "removeManager", parameters(("id" = "$response.body#/id")))),
+        )),
+        BadRequest, Unauthorized, Conflict, PayloadTooLarge, UnsupportedMediaType,
+        TooManyRequests, ServiceUnavailable,
+    ),
+)]
 pub async fn create(
     State(s): State<AppState>,
     auth: Auth,
-    JsonBody(body): JsonBody<NewGroup>,
-) -> ApiResult<impl IntoResponse> {
+    JsonBody(body): JsonBody<json::NewGroup>,
+) -> ApiResult<Response> {
     let g = s
         .engine
         .create_group(&auth.caller, &body.id, body.title, body.properties)
         .await?;
-    Ok((StatusCode::CREATED, Json(render::group(&g))))
+    Ok(reply(StatusCode::CREATED, &json::Group::from(&g)))
 }
 
+/// The path of a group.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct GroupPath {
+    /// The group's id.
+    #[param(value_type = Name)]
+    id: String,
+}
+
+/// The path of a member or manager of a group.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct GroupPrincipalPath {
+    /// The group's id.
+    #[param(value_type = Name)]
+    id: String,
+    /// `user:<name>` or `group:<id>`.
+    #[param(value_type = MemberName)]
+    principal: String,
+}
+
+impl GroupPrincipalPath {
+    /// The principal: only users and groups are members and managers.
+    fn principal(&self) -> ApiResult<Principal> {
+        match self.principal.parse().map_err(ApiError::from)? {
+            p @ (Principal::User(_) | Principal::Group(_)) => Ok(p),
+            _ => Err(ApiError::invalid(
+                "members and managers are user:<name> or group:<id>",
+            )),
+        }
+    }
+}
+
+/// A group
+#[utoipa::path(
+    get, path = "/api/v1/groups/{id}", tag = "groups", operation_id = "getGroup",
+    security(("bearer" = [])),
+    params(GroupPath),
+    responses(
+        (status = 200, description = "The group", body = json::Group),
+        BadRequest, Unauthorized, NotFound, ServiceUnavailable,
+    ),
+)]
 pub async fn get(
     State(s): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
-    Ok(Json(render::group(
-        &s.engine.get_group(&auth.caller, &id).await?,
-    )))
+    Path(GroupPath { id }): Path<GroupPath>,
+) -> ApiResult<Response> {
+    let g = s.engine.get_group(&auth.caller, &id).await?;
+    Ok(reply(StatusCode::OK, &json::Group::from(&g)))
 }
 
-fn principal(p: &str) -> ApiResult<Principal> {
-    p.parse().map_err(ApiError::from)
-}
-
+/// Add a user or group (managers)
+///
+/// A membership that would make a cycle, nest groups too deep or put anyone
+/// in too many groups answers `409`.
+#[utoipa::path(
+    put, path = "/api/v1/groups/{id}/members/{principal}", tag = "groups",
+    operation_id = "addMember",
+    security(("bearer" = [])),
+    params(GroupPrincipalPath),
+    responses(
+        (status = 204, description = "A member now"),
+        BadRequest, Unauthorized, Forbidden, NotFound, Conflict, ServiceUnavailable,
+    ),
+)]
 pub async fn add_member(
     State(s): State<AppState>,
     auth: Auth,
-    Path((id, member)): Path<(String, String)>,
+    Path(path): Path<GroupPrincipalPath>,
 ) -> ApiResult<StatusCode> {
     s.engine
-        .add_member(&auth.caller, &id, &principal(&member)?)
+        .add_member(&auth.caller, &path.id, &path.principal()?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Remove a member (managers; anyone may leave)
+#[utoipa::path(
+    delete, path = "/api/v1/groups/{id}/members/{principal}", tag = "groups",
+    operation_id = "removeMember",
+    security(("bearer" = [])),
+    params(GroupPrincipalPath),
+    responses(
+        (status = 204, description = "Not a member (any more)"),
+        BadRequest, Unauthorized, Forbidden, NotFound, ServiceUnavailable,
+    ),
+)]
 pub async fn remove_member(
     State(s): State<AppState>,
     auth: Auth,
-    Path((id, member)): Path<(String, String)>,
+    Path(path): Path<GroupPrincipalPath>,
 ) -> ApiResult<StatusCode> {
     s.engine
-        .remove_member(&auth.caller, &id, &principal(&member)?)
+        .remove_member(&auth.caller, &path.id, &path.principal()?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// A page of a group's direct members
+#[utoipa::path(
+    get, path = "/api/v1/groups/{id}/members", tag = "groups", operation_id = "listMembers",
+    security(("bearer" = [])),
+    params(GroupPath, PageQuery),
+    responses(
+        (status = 200, description = "Members in principal order", body = json::MemberPage),
+        BadRequest, Unauthorized, NotFound, ServiceUnavailable,
+    ),
+)]
 pub async fn members(
     State(s): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
-    uri: axum::http::Uri,
-) -> ApiResult<Json<Value>> {
-    let mut limit = 50usize;
-    let mut cursor = None;
-    for (k, v) in serde_urlencoded_pairs(uri.query().unwrap_or(""))? {
-        match k.as_str() {
-            "limit" => {
-                limit = v
-                    .parse()
-                    .map_err(|_| ApiError::invalid("limit must be a number from 1 to 1000"))?
-            }
-            "cursor" => cursor = Some(v),
-            other => return Err(ApiError::invalid(format!("unknown parameter {other}"))),
-        }
-    }
+    Path(GroupPath { id }): Path<GroupPath>,
+    Query(q): Query<PageQuery>,
+) -> ApiResult<Response> {
     let page = s
         .engine
-        .list_members(&auth.caller, &id, limit, cursor.as_deref())
+        .list_members(&auth.caller, &id, q.limit(), q.cursor.as_deref())
         .await?;
-    Ok(Json(json!({
-        "members": page.members.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
-        "next": page.next,
-    })))
+    Ok(reply(
+        StatusCode::OK,
+        &json::MemberPage {
+            members: &page.members,
+            next: page.next.as_deref(),
+        },
+    ))
 }
 
+/// Add a manager (managers)
+#[utoipa::path(
+    put, path = "/api/v1/groups/{id}/managers/{principal}", tag = "groups",
+    operation_id = "addManager",
+    security(("bearer" = [])),
+    params(GroupPrincipalPath),
+    responses(
+        (status = 204, description = "A manager now"),
+        BadRequest, Unauthorized, Forbidden, NotFound, Conflict, ServiceUnavailable,
+    ),
+)]
 pub async fn add_manager(
     State(s): State<AppState>,
     auth: Auth,
-    Path((id, manager)): Path<(String, String)>,
+    Path(path): Path<GroupPrincipalPath>,
 ) -> ApiResult<StatusCode> {
     s.engine
-        .add_manager(&auth.caller, &id, &principal(&manager)?)
+        .add_manager(&auth.caller, &path.id, &path.principal()?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Remove a manager; one always stays
+#[utoipa::path(
+    delete, path = "/api/v1/groups/{id}/managers/{principal}", tag = "groups",
+    operation_id = "removeManager",
+    security(("bearer" = [])),
+    params(GroupPrincipalPath),
+    responses(
+        (status = 204, description = "Not a manager (any more)"),
+        BadRequest, Unauthorized, Forbidden, NotFound, Conflict, ServiceUnavailable,
+    ),
+)]
 pub async fn remove_manager(
     State(s): State<AppState>,
     auth: Auth,
-    Path((id, manager)): Path<(String, String)>,
+    Path(path): Path<GroupPrincipalPath>,
 ) -> ApiResult<StatusCode> {
     s.engine
-        .remove_manager(&auth.caller, &id, &principal(&manager)?)
+        .remove_manager(&auth.caller, &path.id, &path.principal()?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

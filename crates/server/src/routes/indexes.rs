@@ -1,60 +1,96 @@
 //! Index declarations (administrators).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::Json;
+use axum::response::Response;
 use serde::Deserialize;
-use serde_json::{json, Value};
-use tarn_engine::{SortField, TextField};
+use utoipa::IntoParams;
 
-use crate::error::ApiResult;
-use crate::extract::{Auth, JsonBody};
-use crate::{render, AppState};
+use crate::error::{
+    ApiError, ApiResult, BadRequest, Code, Conflict, Forbidden, NotFound, PayloadTooLarge,
+    ServiceUnavailable, Unauthorized, UnsupportedMediaType,
+};
+use crate::extract::{Auth, JsonBody, Path};
+use crate::json::{self, IndexName, Name};
+use crate::routes::reply;
+use crate::AppState;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Declare {
-    kind: String,
-    #[serde(default, rename = "where")]
-    where_: Vec<String>,
-    #[serde(default)]
-    sort: Vec<SortField>,
-    /// A text index's fields (a text index has no `sort`).
-    #[serde(default)]
-    text: Vec<TextField>,
-    /// A text index's stemmer.
-    language: Option<String>,
+/// An index that is not there, or is being dropped.
+fn no_index(name: &str) -> ApiError {
+    ApiError::not_found(format!("no index {name}"))
 }
 
+/// The path of an index to read.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct IndexPath {
+    /// The index's name.
+    #[param(value_type = IndexName)]
+    name: String,
+}
+
+/// The path of a declared index.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct DeclaredIndexPath {
+    /// The index's name.
+    #[param(value_type = Name)]
+    name: String,
+}
+
+/// Declare an index (administrators)
+///
+/// A sort index names `sort` fields; a text index names `text` fields
+/// (and, optionally, a `language`) and serves `/search`. `201` for a new
+/// declaration, whose existing items are added in the
+/// background (`state: building`); `200` when an identical one exists;
+/// `409` when one of that name differs.
+#[utoipa::path(
+    put, path = "/api/v1/indexes/{name}", tag = "indexes", operation_id = "declareIndex",
+    security(("bearer" = [])),
+    params(DeclaredIndexPath),
+    request_body = json::IndexDeclaration,
+    responses(
+        (status = 201, description = "Declared", body = json::Index, links(
+            ("getIndex" = (operation_id = "getIndex", parameters(("name" = "$response.body#/name")))),
+            ("dropIndex" = (operation_id = "dropIndex", parameters(("name" = "$response.body#/name")))),
+            ("listItems" = (operation_id = "listItems", parameters(("kind" = "$response.body#/kind")))),
+        )),
+        (status = 200, description = "An identical index exists", body = json::Index),
+        BadRequest, Unauthorized, Forbidden, Conflict, PayloadTooLarge, UnsupportedMediaType,
+        ServiceUnavailable,
+    ),
+)]
 pub async fn put(
     State(s): State<AppState>,
     auth: Auth,
-    Path(name): Path<String>,
-    JsonBody(body): JsonBody<Declare>,
-) -> ApiResult<impl IntoResponse> {
+    Path(DeclaredIndexPath { name }): Path<DeclaredIndexPath>,
+    JsonBody(body): JsonBody<json::IndexDeclaration>,
+) -> ApiResult<Response> {
     let (def, created) = if body.text.is_empty() {
         if body.language.is_some() {
-            return Err(crate::error::ApiError::invalid(
+            return Err(ApiError::invalid(
                 "language is for text indexes: give text fields",
             ));
         }
+        let sort = body.sort.into_iter().map(Into::into).collect();
         s.engine
-            .declare_index(&auth.caller, &name, &body.kind, body.where_, body.sort)
+            .declare_index(&auth.caller, &name, &body.kind, body.where_, sort)
             .await?
     } else {
         if !body.sort.is_empty() {
-            return Err(crate::error::ApiError::invalid(
+            return Err(ApiError::invalid(
                 "a text index has no sort: results are ordered by score",
             ));
         }
+        let text = body.text.into_iter().map(Into::into).collect();
         s.engine
             .declare_text_index(
                 &auth.caller,
                 &name,
                 &body.kind,
                 body.where_,
-                body.text,
+                text,
                 body.language,
             )
             .await?
@@ -64,30 +100,65 @@ pub async fn put(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(render::index(&def))))
+    let shown = json::Index::shown(&def).ok_or_else(|| {
+        ApiError::new(Code::Conflict, format!("the index {name} is being dropped"))
+    })?;
+    Ok(reply(status, &shown))
 }
 
+/// One index
+#[utoipa::path(
+    get, path = "/api/v1/indexes/{name}", tag = "indexes", operation_id = "getIndex",
+    security(("bearer" = [])),
+    params(IndexPath),
+    responses(
+        (status = 200, description = "The index", body = json::Index),
+        BadRequest, Unauthorized, NotFound, ServiceUnavailable,
+    ),
+)]
 pub async fn get(
     State(s): State<AppState>,
     auth: Auth,
-    Path(name): Path<String>,
-) -> ApiResult<Json<Value>> {
-    Ok(Json(render::index(
-        &s.engine.get_index(&auth.caller, &name).await?,
-    )))
+    Path(IndexPath { name }): Path<IndexPath>,
+) -> ApiResult<Response> {
+    let def = s.engine.get_index(&auth.caller, &name).await?;
+    let shown = json::Index::shown(&def).ok_or_else(|| no_index(&name))?;
+    Ok(reply(StatusCode::OK, &shown))
 }
 
-pub async fn list(State(s): State<AppState>, auth: Auth) -> ApiResult<Json<Value>> {
+/// Every index, built-ins included
+#[utoipa::path(
+    get, path = "/api/v1/indexes", tag = "indexes", operation_id = "listIndexes",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Every index", body = json::IndexList),
+        Unauthorized, ServiceUnavailable,
+    ),
+)]
+pub async fn list(State(s): State<AppState>, auth: Auth) -> ApiResult<Response> {
     let defs = s.engine.list_indexes(&auth.caller).await?;
-    Ok(Json(
-        json!({"indexes": defs.iter().map(render::index).collect::<Vec<_>>()}),
+    Ok(reply(
+        StatusCode::OK,
+        &json::IndexList {
+            indexes: defs.iter().filter_map(json::Index::shown).collect(),
+        },
     ))
 }
 
+/// Drop an index and its rows (administrators)
+#[utoipa::path(
+    delete, path = "/api/v1/indexes/{name}", tag = "indexes", operation_id = "dropIndex",
+    security(("bearer" = [])),
+    params(DeclaredIndexPath),
+    responses(
+        (status = 204, description = "Dropping; its rows go in the background"),
+        BadRequest, Unauthorized, Forbidden, NotFound, ServiceUnavailable,
+    ),
+)]
 pub async fn delete(
     State(s): State<AppState>,
     auth: Auth,
-    Path(name): Path<String>,
+    Path(DeclaredIndexPath { name }): Path<DeclaredIndexPath>,
 ) -> ApiResult<StatusCode> {
     s.engine.drop_index(&auth.caller, &name).await?;
     Ok(StatusCode::NO_CONTENT)

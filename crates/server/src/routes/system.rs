@@ -1,18 +1,32 @@
 //! Health, metrics and the OpenAPI document.
 
 use axum::extract::State;
-use axum::http::{header, HeaderValue};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::{json, Value};
 
+use crate::json;
+use crate::routes::reply;
 use crate::AppState;
 
-/// Touches no data: the load kit's ceiling.
-pub async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// Liveness; touches no data
+///
+/// The load kit measures the server's own ceiling with it.
+#[utoipa::path(
+    get, path = "/api/v1/health", tag = "system", operation_id = "health",
+    responses((status = 200, description = "Up", body = json::Health)),
+)]
+pub async fn health() -> Response {
+    reply(StatusCode::OK, &json::Health { status: "ok" })
 }
 
+/// Prometheus metrics
+///
+/// Request counts and latency histograms by route and status, store
+/// operation latencies, retries, open connections.
+#[utoipa::path(
+    get, path = "/metrics", tag = "system", operation_id = "metrics",
+    responses((status = 200, description = "The Prometheus text exposition", content_type = "text/plain", body = String)),
+)]
 pub async fn metrics(State(s): State<AppState>) -> Response {
     let mut res = s
         .metrics
@@ -25,6 +39,18 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
     res
 }
 
-pub async fn openapi() -> Json<Value> {
-    Json(crate::openapi::document())
+/// This document
+#[utoipa::path(
+    get, path = "/api/v1/openapi.json", tag = "system", operation_id = "openapi",
+    responses((status = 200, description = "The OpenAPI 3.1 description of this API", body = Object)),
+)]
+pub async fn openapi() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        crate::openapi::json(),
+    )
+        .into_response()
 }

@@ -52,7 +52,9 @@ fn fresh_cassandra_url() -> String {
         "TARN_TEST_CASSANDRA is not set: run the tests through `make test` or scripts/with-cassandra.sh",
     );
     let (hosts, rest) = base.rsplit_once('/').expect("cassandra://hosts/keyspace");
-    let query = rest.split_once('?').map_or(String::new(), |(_, q)| format!("?{q}"));
+    let query = rest
+        .split_once('?')
+        .map_or(String::new(), |(_, q)| format!("?{q}"));
     format!("{hosts}/n_{}{query}", unique())
 }
 
@@ -467,18 +469,33 @@ fn a_cassandra_node_dies_under_load() {
     let mut tokens = Vec::new();
     for u in 0..6 {
         let name = format!("c{u}");
-        let r = call(addrs[u % 2], "POST", "/api/v1/users", None,
-            Some(json!({"username": name, "password": "custard-password"})));
+        let r = call(
+            addrs[u % 2],
+            "POST",
+            "/api/v1/users",
+            None,
+            Some(json!({"username": name, "password": "custard-password"})),
+        );
         assert_eq!(r.status, 201);
-        let r = call(addrs[(u + 1) % 2], "POST", "/api/v1/sessions", None,
-            Some(json!({"username": name, "password": "custard-password"})));
+        let r = call(
+            addrs[(u + 1) % 2],
+            "POST",
+            "/api/v1/sessions",
+            None,
+            Some(json!({"username": name, "password": "custard-password"})),
+        );
         tokens.push(r.json()["token"].as_str().unwrap().to_string());
     }
     let everyone = json!([{"principal": "authenticated", "role": "editor"}]);
     let mut shared = Vec::new();
     for i in 0..10 {
-        let r = call(addrs[i % 2], "POST", "/api/v1/items", Some(&tokens[0]),
-            Some(json!({"kind": "doc", "properties": {"n": i}, "acl": everyone})));
+        let r = call(
+            addrs[i % 2],
+            "POST",
+            "/api/v1/items",
+            Some(&tokens[0]),
+            Some(json!({"kind": "doc", "properties": {"n": i}, "acl": everyone})),
+        );
         assert_eq!(r.status, 201);
         shared.push(r.json()["id"].as_str().unwrap().to_string());
     }
@@ -497,13 +514,35 @@ fn a_cassandra_node_dies_under_load() {
                     let addr = addrs[(u + i) % 2];
                     let item = &shared[(u * 7 + i) % shared.len()];
                     let r = match i % 4 {
-                        0 => call(addr, "GET", &format!("/api/v1/items/{item}"), Some(&t), None),
-                        1 => call(addr, "PATCH", &format!("/api/v1/items/{item}"), Some(&t),
-                            Some(json!({"properties": {"by": u, "i": i}}))),
-                        2 => call(addr, "GET", "/api/v1/items?kind=doc&limit=20", Some(&t), None),
+                        0 => call(
+                            addr,
+                            "GET",
+                            &format!("/api/v1/items/{item}"),
+                            Some(&t),
+                            None,
+                        ),
+                        1 => call(
+                            addr,
+                            "PATCH",
+                            &format!("/api/v1/items/{item}"),
+                            Some(&t),
+                            Some(json!({"properties": {"by": u, "i": i}})),
+                        ),
+                        2 => call(
+                            addr,
+                            "GET",
+                            "/api/v1/items?kind=doc&limit=20",
+                            Some(&t),
+                            None,
+                        ),
                         _ => {
-                            let r = call(addr, "POST", "/api/v1/items", Some(&t),
-                                Some(json!({"kind": "note", "properties": {"by": u, "i": i}})));
+                            let r = call(
+                                addr,
+                                "POST",
+                                "/api/v1/items",
+                                Some(&t),
+                                Some(json!({"kind": "note", "properties": {"by": u, "i": i}})),
+                            );
                             if r.status == 201 {
                                 made.push(r.json()["id"].as_str().unwrap().to_string());
                             }
@@ -517,8 +556,15 @@ fn a_cassandra_node_dies_under_load() {
         })
         .collect();
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(&ctl).args(args).output().unwrap();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = std::process::Command::new(&ctl)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     std::thread::sleep(std::time::Duration::from_secs(3));
     run(&["stop", "2"]);
@@ -537,10 +583,19 @@ fn a_cassandra_node_dies_under_load() {
     }
     let failed: u64 = all.iter().filter(|(s, _)| **s >= 500).map(|(_, n)| n).sum();
     assert_eq!(failed, 0, "no request fails while a node is down: {all:?}");
-    assert!(all.get(&200).copied().unwrap_or(0) > 50, "the load ran: {all:?}");
+    assert!(
+        all.get(&200).copied().unwrap_or(0) > 50,
+        "the load ran: {all:?}"
+    );
     // Everything written while the node was down is there, on both nodes.
     for (i, id) in made.iter().enumerate() {
-        let r = call(addrs[i % 2], "GET", &format!("/api/v1/items/{id}"), Some(&tokens[0]), None);
+        let r = call(
+            addrs[i % 2],
+            "GET",
+            &format!("/api/v1/items/{id}"),
+            Some(&tokens[0]),
+            None,
+        );
         assert_eq!(r.status, 200, "{id}");
     }
 }

@@ -1,0 +1,967 @@
+//! The JSON of api.md: every request and response body as a Rust type. The
+//! same types parse requests, render responses and, through `ToSchema`,
+//! make the OpenAPI document, so a field added here is documented at once.
+//!
+//! Responses borrow from the engine's values: rendering an item or a page
+//! of them copies nothing but numbers.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::{json, Map, Value};
+use tarn_engine::Principal;
+use utoipa::openapi::extensions::Extensions;
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Schema, Type};
+use utoipa::openapi::{KnownFormat, Ref, RefOr, SchemaFormat};
+use utoipa::{PartialSchema, ToSchema};
+
+/// Usernames, group ids, kinds and index names.
+pub const NAME: &str = "^[a-z0-9][a-z0-9._-]{0,63}$";
+/// `user:<name>`, `group:<id>`, `authenticated` or `everyone`.
+pub const PRINCIPAL: &str =
+    "^(user:[a-z0-9][a-z0-9._-]{0,63}|group:[a-z0-9][a-z0-9._-]{0,63}|authenticated|everyone)$";
+/// Most grants an ACL sent in a request holds (the engine's bound; a
+/// creator's own grant is added to a new item's).
+pub const MAX_GRANTS: usize = 256;
+/// `user:<name>` or `group:<id>`: who may be a member or manager of a group.
+pub const MEMBER: &str = "^(user:[a-z0-9][a-z0-9._-]{0,63}|group:[a-z0-9][a-z0-9._-]{0,63})$";
+/// Cursors: unpadded base64url of at most 200 bytes, as the server makes
+/// them (the last character carries no stray bits).
+pub const CURSOR: &str =
+    "^([A-Za-z0-9_-]{4})*([A-Za-z0-9_-][AQgw]|[A-Za-z0-9_-]{2}[AEIMQUYcgkosw048])?$";
+/// Index names as read: declared names, or a built-in's (`_kind`, ...).
+pub const INDEX_NAME: &str = "^(_[a-z_]{1,63}|[a-z0-9][a-z0-9._-]{0,63})$";
+/// A field an index names: `createdAt`, `modifiedAt`, `createdBy` or a dot
+/// path into `properties` (no empty segment).
+pub const FIELD: &str = "^[^.]+(\\.[^.]+)*$";
+/// Item ids and link keys: server-made, URL-safe.
+pub const TOKEN: &str = "^[A-Za-z0-9_-]{1,64}$";
+
+/// Keywords utoipa's model has no field for (JSON Schema's `not` and
+/// `contains`, a header's `required`), carried in its extension map, which
+/// is flattened into the object it belongs to.
+pub fn keywords<const N: usize>(pairs: [(&str, Value); N]) -> Extensions {
+    Extensions::from_iter(pairs)
+}
+
+/// A string schema with a pattern and a length bound.
+fn string_schema(pattern: &str, max_length: Option<usize>, description: &str) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(pattern))
+        .max_length(max_length)
+        .description(Some(description))
+        .into()
+}
+
+/// The schema of usernames, group ids, kinds and index names ([`NAME`]);
+/// fields of that shape name it with `value_type = Name`.
+pub struct Name;
+
+impl PartialSchema for Name {
+    fn schema() -> RefOr<Schema> {
+        string_schema(
+            NAME,
+            None,
+            "A username, group id, kind or index name: 1 to 64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit",
+        )
+    }
+}
+
+impl ToSchema for Name {}
+
+/// The schema of item ids and link keys ([`TOKEN`]).
+pub struct Id;
+
+impl PartialSchema for Id {
+    fn schema() -> RefOr<Schema> {
+        string_schema(TOKEN, None, "Server-made, opaque, URL-safe")
+    }
+}
+
+impl ToSchema for Id {}
+
+/// The schema of group members and managers ([`MEMBER`]).
+pub struct MemberName;
+
+impl PartialSchema for MemberName {
+    fn schema() -> RefOr<Schema> {
+        string_schema(
+            MEMBER,
+            None,
+            "A member or manager of a group: user:<name> or group:<id>",
+        )
+    }
+}
+
+impl ToSchema for MemberName {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Member")
+    }
+}
+
+/// The schema of index names as read ([`INDEX_NAME`]): a declared name or
+/// a built-in's.
+pub struct IndexName;
+
+impl PartialSchema for IndexName {
+    fn schema() -> RefOr<Schema> {
+        string_schema(
+            INDEX_NAME,
+            None,
+            "A declared index's name, or a built-in's (_kind, _mine, _mine_kind)",
+        )
+    }
+}
+
+impl ToSchema for IndexName {}
+
+/// The schema of raw bytes (item bodies).
+pub struct Bytes;
+
+impl PartialSchema for Bytes {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .description(Some("Raw bytes"))
+            .into()
+    }
+}
+
+impl ToSchema for Bytes {}
+
+/// The schema of cursors ([`CURSOR`]).
+pub struct Cursor;
+
+impl PartialSchema for Cursor {
+    fn schema() -> RefOr<Schema> {
+        let RefOr::T(Schema::Object(mut cursor)) =
+            string_schema(CURSOR, Some(267), "Opaque: the `next` of the previous page")
+        else {
+            unreachable!("an object schema")
+        };
+        cursor.min_length = Some(1);
+        RefOr::T(Schema::Object(cursor))
+    }
+}
+
+impl ToSchema for Cursor {}
+
+/// The schema of principals ([`PRINCIPAL`]).
+pub struct PrincipalName;
+
+impl PartialSchema for PrincipalName {
+    fn schema() -> RefOr<Schema> {
+        string_schema(
+            PRINCIPAL,
+            None,
+            "Who may be granted access: user:<name>, group:<id>, authenticated (every signed-in user) or everyone",
+        )
+    }
+}
+
+impl ToSchema for PrincipalName {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Principal")
+    }
+}
+
+/// The schema of the fields an index names ([`FIELD`], at most 256 bytes,
+/// never `kind`).
+pub struct FieldName;
+
+impl PartialSchema for FieldName {
+    fn schema() -> RefOr<Schema> {
+        let RefOr::T(Schema::Object(mut field)) = string_schema(
+            FIELD,
+            Some(256),
+            "createdAt, modifiedAt, createdBy, or a dot path into properties (kind is implied by the index's kind)",
+        ) else {
+            unreachable!("an object schema")
+        };
+        field.extensions = Some(keywords([("not", json!({"const": "kind"}))]));
+        RefOr::T(Schema::Object(field))
+    }
+}
+
+impl ToSchema for FieldName {}
+
+/// A time, rendered as RFC 3339 UTC with microseconds, without allocating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Time(pub i64);
+
+impl fmt::Display for Time {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(self.0) * 1000)
+            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+        write!(
+            f,
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second(),
+            t.microsecond()
+        )
+    }
+}
+
+impl Serialize for Time {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// What a grant or link allows, each role including the ones before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Read.
+    Viewer,
+    /// Read, change properties and body.
+    Editor,
+    /// Everything, sharing and deleting included.
+    Manager,
+}
+
+impl From<tarn_engine::Role> for Role {
+    fn from(r: tarn_engine::Role) -> Role {
+        match r {
+            tarn_engine::Role::Viewer => Role::Viewer,
+            tarn_engine::Role::Editor => Role::Editor,
+            tarn_engine::Role::Manager => Role::Manager,
+        }
+    }
+}
+
+impl From<Role> for tarn_engine::Role {
+    fn from(r: Role) -> tarn_engine::Role {
+        match r {
+            Role::Viewer => tarn_engine::Role::Viewer,
+            Role::Editor => tarn_engine::Role::Editor,
+            Role::Manager => tarn_engine::Role::Manager,
+        }
+    }
+}
+
+/// One entry of an ACL.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Grant {
+    /// Who.
+    #[schema(value_type = PrincipalName)]
+    pub principal: Principal,
+    /// What they may do.
+    pub role: Role,
+}
+
+impl From<Grant> for tarn_engine::Grant {
+    fn from(g: Grant) -> tarn_engine::Grant {
+        tarn_engine::Grant {
+            principal: g.principal,
+            role: g.role.into(),
+        }
+    }
+}
+
+/// The ACL of an item as its managers see it.
+fn acl_of(acl: &[tarn_engine::Grant]) -> Vec<Grant> {
+    acl.iter()
+        .map(|g| Grant {
+            principal: g.principal.clone(),
+            role: g.role.into(),
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------- users
+
+/// A sign-up (or, by an administrator, a new user).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewUser {
+    /// Immutable and unique.
+    #[schema(value_type = Name)]
+    pub username: String,
+    /// At least 8 characters, at most 1024 bytes.
+    #[schema(min_length = 8, max_length = 1024)]
+    pub password: String,
+    /// A free JSON object (at most 64 KiB by default).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub properties: Map<String, Value>,
+    /// Make an administrator (administrators only).
+    #[serde(default)]
+    pub admin: bool,
+}
+
+/// A sign-in.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignIn {
+    /// The username.
+    pub username: String,
+    /// The password.
+    pub password: String,
+}
+
+/// A user, as the user and administrators see it.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct User<'a> {
+    /// Immutable and unique.
+    #[schema(value_type = Name)]
+    pub username: &'a str,
+    /// A free JSON object.
+    #[schema(value_type = Object)]
+    pub properties: &'a Map<String, Value>,
+    /// Whether the user is an administrator.
+    pub admin: bool,
+    /// When the user was created.
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Time,
+}
+
+impl<'a> From<&'a tarn_engine::User> for User<'a> {
+    fn from(u: &'a tarn_engine::User) -> User<'a> {
+        User {
+            username: &u.username,
+            properties: &u.properties,
+            admin: u.admin,
+            created_at: Time(u.created_at),
+        }
+    }
+}
+
+/// What any caller may see of a user.
+#[derive(Serialize, ToSchema)]
+pub struct PublicUser<'a> {
+    /// Immutable and unique.
+    #[schema(value_type = Name)]
+    pub username: &'a str,
+    /// A free JSON object.
+    #[schema(value_type = Object)]
+    pub properties: &'a Map<String, Value>,
+}
+
+/// A new session.
+#[derive(Serialize, ToSchema)]
+pub struct Session<'a> {
+    /// Present it as `Authorization: Bearer <token>`.
+    pub token: &'a str,
+    /// Who signed in.
+    pub user: User<'a>,
+}
+
+/// The caller and every group they belong to.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Me<'a> {
+    /// Immutable and unique.
+    #[schema(value_type = Name)]
+    pub username: &'a str,
+    /// A free JSON object.
+    #[schema(value_type = Object)]
+    pub properties: &'a Map<String, Value>,
+    /// Whether the caller is an administrator.
+    pub admin: bool,
+    /// When the user was created.
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Time,
+    /// Every group the caller belongs to, directly or through nesting.
+    pub groups: &'a [String],
+}
+
+// ---------------------------------------------------------------- groups
+
+/// A new group.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewGroup {
+    /// Immutable and unique.
+    #[schema(value_type = Name)]
+    pub id: String,
+    /// A display title, at most 1024 bytes.
+    #[schema(max_length = 1024)]
+    pub title: Option<String>,
+    /// A free JSON object.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub properties: Map<String, Value>,
+}
+
+/// A group.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Group<'a> {
+    /// Immutable and unique.
+    #[schema(value_type = Name)]
+    pub id: &'a str,
+    /// A display title.
+    pub title: &'a str,
+    /// A free JSON object.
+    #[schema(value_type = Object)]
+    pub properties: &'a Map<String, Value>,
+    /// Who may change its members and managers.
+    #[schema(value_type = Vec<MemberName>)]
+    pub managers: &'a [Principal],
+    /// When the group was created.
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Time,
+}
+
+impl<'a> From<&'a tarn_engine::Group> for Group<'a> {
+    fn from(g: &'a tarn_engine::Group) -> Group<'a> {
+        Group {
+            id: &g.id,
+            title: &g.title,
+            properties: &g.properties,
+            managers: &g.managers,
+            created_at: Time(g.created_at),
+        }
+    }
+}
+
+/// A page of a group's direct members, in principal order.
+#[derive(Serialize, ToSchema)]
+pub struct MemberPage<'a> {
+    /// Members: `user:<name>` or `group:<id>`.
+    #[schema(value_type = Vec<MemberName>)]
+    pub members: &'a [Principal],
+    /// The cursor of the next page; `null` at the end.
+    #[schema(required = true)]
+    pub next: Option<&'a str>,
+}
+
+// ---------------------------------------------------------------- items
+
+/// A new item.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewItem {
+    /// What sort of item.
+    #[schema(value_type = Name)]
+    pub kind: String,
+    /// A free JSON object (at most 64 KiB by default).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub properties: Map<String, Value>,
+    /// Grants besides the creator's, who is always a manager.
+    #[serde(default)]
+    #[schema(max_items = 256)]
+    pub acl: Vec<Grant>,
+}
+
+/// A change of an item's properties.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ItemPatch {
+    /// An RFC 7396 JSON merge patch of the properties: `null` removes a key.
+    #[schema(value_type = Object)]
+    pub properties: Map<String, Value>,
+}
+
+/// A new ACL.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Acl {
+    /// The grants; at least one is a manager's.
+    #[schema(schema_with = acl_with_a_manager)]
+    pub acl: Vec<Grant>,
+}
+
+/// An ACL of at most 256 grants, one of them a manager's.
+fn acl_with_a_manager() -> ArrayBuilder {
+    ArrayBuilder::new()
+        .items(Ref::from_schema_name("Grant"))
+        .min_items(Some(1))
+        .max_items(Some(MAX_GRANTS))
+        .description(Some("The grants; at least one gives manager"))
+        .extensions(Some(keywords([(
+            "contains",
+            json!({"type": "object", "required": ["role"], "properties": {"role": {"const": "manager"}}}),
+        )])))
+}
+
+/// A new link.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewLink {
+    /// What the link gives: viewer or editor, never manager.
+    pub role: LinkRole,
+}
+
+/// What a link may give.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkRole {
+    /// Read.
+    Viewer,
+    /// Read, change properties and body.
+    Editor,
+}
+
+impl From<LinkRole> for tarn_engine::Role {
+    fn from(r: LinkRole) -> tarn_engine::Role {
+        match r {
+            LinkRole::Viewer => tarn_engine::Role::Viewer,
+            LinkRole::Editor => tarn_engine::Role::Editor,
+        }
+    }
+}
+
+/// A link key, shown once.
+#[derive(Serialize, ToSchema)]
+pub struct Link<'a> {
+    /// Present it as `?key=` or `Tarn-Link-Key`.
+    pub key: &'a str,
+    /// What it gives.
+    pub role: LinkRole,
+}
+
+/// An item's body, as its item describes it.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Body<'a> {
+    /// Size in bytes.
+    pub size: u64,
+    /// The `Content-Type` it was uploaded with.
+    pub content_type: &'a str,
+    /// Lower-case hex SHA-256 of the bytes.
+    #[schema(pattern = "^[0-9a-f]{64}$")]
+    pub sha256: &'a str,
+}
+
+/// An item as its caller may see it.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Item<'a> {
+    /// Server-made, opaque, URL-safe.
+    pub id: &'a str,
+    /// What sort of item.
+    #[schema(value_type = Name)]
+    pub kind: &'a str,
+    /// A free JSON object.
+    #[schema(value_type = Object)]
+    pub properties: &'a Map<String, Value>,
+    /// 1 at creation, one more at every change; the `ETag`.
+    #[schema(minimum = 1)]
+    pub version: u64,
+    /// The creator's username.
+    pub created_by: &'a str,
+    /// When the item was created.
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Time,
+    /// When the item last changed.
+    #[schema(value_type = String, format = DateTime)]
+    pub modified_at: Time,
+    /// The body, if one was uploaded.
+    #[schema(required = true)]
+    pub body: Option<Body<'a>>,
+    /// The caller's effective role.
+    pub role: Role,
+    /// Who may do what: only for managers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub acl: Option<Vec<Grant>>,
+}
+
+impl<'a> From<&'a tarn_engine::ItemView> for Item<'a> {
+    fn from(v: &'a tarn_engine::ItemView) -> Item<'a> {
+        let i = &v.item;
+        Item {
+            id: &i.id,
+            kind: &i.kind,
+            properties: &i.properties,
+            version: i.version,
+            created_by: &i.created_by,
+            created_at: Time(i.created_at),
+            modified_at: Time(i.modified_at),
+            body: i.body.as_ref().map(|b| Body {
+                size: b.size,
+                content_type: &b.content_type,
+                sha256: &b.sha256,
+            }),
+            role: v.role.into(),
+            acl: (v.role == tarn_engine::Role::Manager).then(|| acl_of(&i.acl)),
+        }
+    }
+}
+
+/// A page of a listing.
+#[derive(Serialize, ToSchema)]
+pub struct ItemPage<'a> {
+    /// The items, in the listing's order.
+    pub items: Vec<Item<'a>>,
+    /// The cursor of the next page; `null` at the end.
+    #[schema(required = true)]
+    pub next: Option<&'a str>,
+}
+
+// ---------------------------------------------------------------- indexes
+
+/// A sort order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Order {
+    /// Smallest first.
+    Asc,
+    /// Largest first.
+    Desc,
+}
+
+/// One sort field of an index.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct SortField {
+    /// `createdAt`, `modifiedAt`, `createdBy` or a dot path into `properties`.
+    #[schema(value_type = FieldName)]
+    pub field: String,
+    /// Its order.
+    pub order: Order,
+}
+
+impl From<SortField> for tarn_engine::SortField {
+    fn from(s: SortField) -> tarn_engine::SortField {
+        tarn_engine::SortField {
+            field: s.field,
+            order: match s.order {
+                Order::Asc => tarn_engine::Order::Asc,
+                Order::Desc => tarn_engine::Order::Desc,
+            },
+        }
+    }
+}
+
+impl From<&tarn_engine::SortField> for SortField {
+    fn from(s: &tarn_engine::SortField) -> SortField {
+        SortField {
+            field: s.field.clone(),
+            order: match s.order {
+                tarn_engine::Order::Asc => Order::Asc,
+                tarn_engine::Order::Desc => Order::Desc,
+            },
+        }
+    }
+}
+
+/// The `where` of a declaration: at most 8 fields, each once.
+fn where_fields() -> ArrayBuilder {
+    ArrayBuilder::new()
+        .items(Ref::from_schema_name("FieldName"))
+        .max_items(Some(8))
+        .unique_items(true)
+        .description(Some(
+            "Fields a listing gives equality values for, each once",
+        ))
+}
+
+/// An index declaration. `where` and `sort` name at most 8 fields together.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IndexDeclaration {
+    /// The kind it serves.
+    #[schema(value_type = Name)]
+    pub kind: String,
+    /// Fields a listing gives equality values for, each once.
+    #[serde(default, rename = "where")]
+    #[schema(schema_with = where_fields)]
+    pub where_: Vec<String>,
+    /// Fields the listing is sorted by (a sort index).
+    #[serde(default)]
+    #[schema(max_items = 8)]
+    pub sort: Vec<SortField>,
+    /// Fields whose words a search finds (a text index, which has no
+    /// `sort`), each once.
+    #[serde(default)]
+    #[schema(max_items = 8)]
+    pub text: Vec<TextField>,
+    /// A text index's stemmer; `english` by default.
+    #[schema(schema_with = language_schema)]
+    pub language: Option<String>,
+}
+
+/// One field of a text index.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TextField {
+    /// A dot path into `properties` (strings or arrays of strings), or
+    /// `$body` for a textual body (its first MiB).
+    #[schema(value_type = FieldName)]
+    pub field: String,
+    /// How much its words count.
+    #[serde(default = "one")]
+    #[schema(exclusive_minimum = 0, maximum = 100, default = 1)]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl From<TextField> for tarn_engine::TextField {
+    fn from(t: TextField) -> tarn_engine::TextField {
+        tarn_engine::TextField {
+            field: t.field,
+            weight: t.weight,
+        }
+    }
+}
+
+impl From<&tarn_engine::TextField> for TextField {
+    fn from(t: &tarn_engine::TextField) -> TextField {
+        TextField {
+            field: t.field.clone(),
+            weight: t.weight,
+        }
+    }
+}
+
+/// The stemmers a text index may name (`none`: words are only folded).
+fn language_schema() -> ObjectBuilder {
+    let mut names: Vec<Value> = tarn_engine::text::LANGUAGES
+        .iter()
+        .map(|l| Value::from(*l))
+        .collect();
+    names.push(Value::Null);
+    ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+            Type::String,
+            Type::Null,
+        ]))
+        .enum_values(Some(names))
+        .description(Some("A text index's stemmer; `english` by default"))
+}
+
+impl IndexDeclaration {
+    /// Most fields `where` and `sort` name together.
+    pub const MAX_FIELDS: usize = 8;
+
+    /// The budget of fields as JSON Schema (`anyOf`), which the derive
+    /// cannot state: one alternative per split of the budget between
+    /// `where` and `sort`.
+    pub fn field_budget() -> Value {
+        let n = Self::MAX_FIELDS;
+        Value::Array(
+            (0..=n)
+                .map(|w| {
+                    json!({"properties": {
+                        "where": {"maxItems": w},
+                        "sort": {"maxItems": n - w},
+                    }})
+                })
+                .collect(),
+        )
+    }
+
+    /// What makes a declaration a sort index or a text index, as JSON
+    /// Schema (`allOf`): not both `sort` and `text` fields, and `language`
+    /// only beside `text` fields.
+    pub fn shape() -> Value {
+        json!([
+            {"anyOf": [
+                {"not": {"required": ["text"]}},
+                {"properties": {"text": {"maxItems": 0}}},
+                {"not": {"required": ["sort"]}},
+                {"properties": {"sort": {"maxItems": 0}}},
+            ]},
+            {"anyOf": [
+                {"not": {"required": ["language"]}},
+                {"properties": {"language": {"type": "null"}}},
+                {"required": ["text"], "properties": {"text": {"minItems": 1}}},
+            ]},
+        ])
+    }
+}
+
+/// Where an index is in its life. (An index being dropped is gone as far as
+/// the API goes: its rows are removed in the background.)
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexState {
+    /// Existing items are being added; listings answer `503 index-building`.
+    Building,
+    /// Listings use it.
+    Ready,
+}
+
+/// An index.
+#[derive(Serialize, ToSchema)]
+pub struct Index<'a> {
+    /// Its name; built-ins start with `_`.
+    #[schema(value_type = IndexName)]
+    pub name: &'a str,
+    /// The kind it serves; `null` for built-ins, which serve every kind.
+    #[schema(required = true)]
+    pub kind: Option<&'a str>,
+    /// Fields a listing gives equality values for.
+    #[serde(rename = "where")]
+    pub where_: &'a [String],
+    /// Fields the listing is sorted by (empty for a text index).
+    pub sort: Vec<SortField>,
+    /// A text index's fields.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub text: Option<Vec<TextField>>,
+    /// A text index's stemmer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub language: Option<&'a str>,
+    /// Where it is in its life.
+    pub state: IndexState,
+    /// Whether it is built in.
+    pub builtin: bool,
+}
+
+impl<'a> Index<'a> {
+    /// The index as the API shows it; `None` while it is being dropped.
+    pub fn shown(d: &'a tarn_engine::IndexDef) -> Option<Index<'a>> {
+        let state = match d.state {
+            tarn_engine::IndexState::Building => IndexState::Building,
+            tarn_engine::IndexState::Ready => IndexState::Ready,
+            tarn_engine::IndexState::Dropping => return None,
+        };
+        Some(Index {
+            name: &d.name,
+            kind: d.kind.as_deref(),
+            where_: &d.where_,
+            sort: d.sort.iter().map(SortField::from).collect(),
+            text: d
+                .is_text()
+                .then(|| d.text.iter().map(TextField::from).collect()),
+            language: d.language.as_deref(),
+            state,
+            builtin: d.kind.is_none(),
+        })
+    }
+}
+
+/// Every index.
+#[derive(Serialize, ToSchema)]
+pub struct IndexList<'a> {
+    /// Built-ins first, then by name.
+    pub indexes: Vec<Index<'a>>,
+}
+
+// ---------------------------------------------------------------- search
+
+/// A search hit: the item as its caller may see it, and its score.
+#[derive(Serialize, ToSchema)]
+pub struct Hit<'a> {
+    /// The item.
+    #[serde(flatten)]
+    pub item: Item<'a>,
+    /// How well it matches: higher is better. Comparable within one search
+    /// only.
+    pub score: f64,
+}
+
+/// A page of search hits, best first, ties broken on id.
+#[derive(Serialize, ToSchema)]
+pub struct SearchPage<'a> {
+    /// The hits.
+    pub items: Vec<Hit<'a>>,
+    /// The cursor of the next page; `null` at the end.
+    #[schema(required = true)]
+    pub next: Option<&'a str>,
+}
+
+// ---------------------------------------------------------------- changes
+
+/// What a change did, as the caller sees it.
+#[derive(Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeOp {
+    /// The item, as the caller reads it at this version.
+    Put,
+    /// The item is no longer visible to the caller: deleted, unshared, or
+    /// access lost (which, it never says).
+    Remove,
+}
+
+/// One change.
+#[derive(Serialize, ToSchema)]
+pub struct Change<'a> {
+    /// Where it is in the feed: `since` of the next read, or an event's
+    /// `id`.
+    #[schema(value_type = Cursor)]
+    pub cursor: &'a str,
+    /// Put or remove.
+    pub op: ChangeOp,
+    /// The item's id.
+    pub id: &'a str,
+    /// The item's kind.
+    #[schema(value_type = Name)]
+    pub kind: &'a str,
+    /// The item's version after the change.
+    pub version: u64,
+    /// When it was committed.
+    #[schema(value_type = String, format = DateTime)]
+    pub at: Time,
+    /// The item, for puts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub item: Option<Item<'a>>,
+}
+
+impl<'a> From<&'a tarn_engine::Change> for Change<'a> {
+    fn from(c: &'a tarn_engine::Change) -> Change<'a> {
+        Change {
+            cursor: &c.cursor,
+            op: match c.op {
+                tarn_engine::ChangeOp::Put => ChangeOp::Put,
+                tarn_engine::ChangeOp::Remove => ChangeOp::Remove,
+            },
+            id: &c.id,
+            kind: &c.kind,
+            version: c.version,
+            at: Time(c.at),
+            item: c.item.as_ref().map(Item::from),
+        }
+    }
+}
+
+/// A page of changes, in commit order.
+#[derive(Serialize, ToSchema)]
+pub struct ChangePage<'a> {
+    /// The changes; fewer than `limit` means caught up for now.
+    pub changes: Vec<Change<'a>>,
+    /// Where to read on from.
+    #[schema(value_type = Cursor)]
+    pub next: &'a str,
+}
+
+// ---------------------------------------------------------------- system
+
+/// The server is up.
+#[derive(Serialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    #[schema(pattern = "^ok$")]
+    pub status: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_render_as_the_engine_formats_them() {
+        for micros in [
+            0,
+            1,
+            999_999,
+            1_700_000_000_000_000,
+            1_700_000_000_123_456,
+            253_402_300_799_999_999,
+        ] {
+            assert_eq!(
+                Time(micros).to_string(),
+                tarn_engine::format_time(micros),
+                "{micros}"
+            );
+        }
+    }
+}
