@@ -38,8 +38,12 @@
 //! never read.
 //!
 //! Built-in indexes cover every kind and need no declaration: `_kind`
-//! (`where kind`, sort `modifiedAt`), `_mine` (`where createdBy`) and
-//! `_mine_kind` (`where kind, createdBy`), both sorted by `modifiedAt`.
+//! (`where kind`, sort `modifiedAt`), `_mine` (`where createdBy`),
+//! `_mine_kind` (`where kind, createdBy`) and `_shared` (no where-fields),
+//! all sorted by `modifiedAt`. `_shared` serves "shared with me": it holds
+//! rows only in the partitions of the users and groups an item is shared
+//! with, not its creator's own and not `everyone`'s or `authenticated`'s,
+//! so an item nobody shared costs it nothing.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -153,8 +157,12 @@ pub(crate) fn builtins() -> Vec<IndexDef> {
         def("_kind", &["kind"]),
         def("_mine", &["createdBy"]),
         def("_mine_kind", &["kind", "createdBy"]),
+        def(SHARED, &[]),
     ]
 }
+
+/// The built-in index of items shared with a user or a group.
+pub(crate) const SHARED: &str = "_shared";
 
 fn check_field(field: &str) -> Result<()> {
     let ok = !field.is_empty() && field.len() <= 256 && field.split('.').all(|seg| !seg.is_empty());
@@ -164,6 +172,16 @@ fn check_field(field: &str) -> Result<()> {
         Err(EngineError::InvalidInput(format!(
             "field {field:?} is not createdAt, modifiedAt, createdBy or a dot path into properties"
         )))
+    }
+}
+
+/// Whether a grant to `p` shares `item` with someone: a user other than its
+/// creator, or a group (what `_shared` holds rows for).
+pub(crate) fn is_shared_with(p: &Principal, item: &Item) -> bool {
+    match p {
+        Principal::User(u) => *u != item.created_by,
+        Principal::Group(_) => true,
+        Principal::Everyone | Principal::Authenticated => false,
     }
 }
 
@@ -255,8 +273,10 @@ impl IndexDef {
         let refs: Vec<Option<&serde_json::Value>> = values.iter().map(|v| v.as_ref()).collect();
         let clustering = self.clustering(item);
         let bucket = bucket_of(&item.id, split);
+        let shared_only = self.kind.is_none() && self.name == SHARED;
         item.readers()
             .into_iter()
+            .filter(|p| !shared_only || is_shared_with(p, item))
             .map(|p| {
                 let key = Key::new(INDEX, self.partition(p, bucket, &refs), clustering.clone());
                 (key, item.id.as_bytes().to_vec())

@@ -29,7 +29,7 @@ use tarn_store::{Direction, Row, Scan, SnapshotExt};
 
 use crate::actor::Resolve;
 use crate::error::{EngineError, Result};
-use crate::indexes::{IndexDef, IndexState, SortField};
+use crate::indexes::{is_shared, IndexDef, IndexState, SortField, SHARED};
 use crate::keys::Order;
 use crate::schema::{self, ItemRow, INDEX};
 use crate::{b64, unb64, Caller, Engine, ItemView, Principal, Role};
@@ -45,6 +45,9 @@ pub enum Scope {
     Visible,
     /// Items the caller created (and may still read).
     Mine,
+    /// Items others shared with the caller or one of the caller's groups,
+    /// any kind (not those shared with everyone or every signed-in user).
+    Shared,
 }
 
 /// A listing request.
@@ -455,6 +458,28 @@ fn suggest(kind: Option<&str>, fields: &BTreeMap<String, Value>, sort: &[SortFie
     .to_string()
 }
 
+/// The plan of `scope=shared`: `_shared`, newest or oldest first.
+fn shared_plan(defs: &[IndexDef], sort: &[SortField]) -> Result<Plan> {
+    let def = defs
+        .iter()
+        .find(|d| d.kind.is_none() && d.name == SHARED)
+        .expect("a built-in");
+    let direction = match sort {
+        [s] if s.field == "modifiedAt" && s.order == Order::Asc => Direction::Forward,
+        [s] if s.field == "modifiedAt" => Direction::Reverse,
+        _ => {
+            return Err(EngineError::InvalidInput(
+                "scope=shared sorts by modifiedAt or -modifiedAt".into(),
+            ))
+        }
+    };
+    Ok(Plan {
+        def: def.clone(),
+        direction,
+        where_values: Vec::new(),
+    })
+}
+
 impl Engine {
     fn plan(
         &self,
@@ -485,7 +510,8 @@ impl Engine {
                         && d.where_.iter().all(|f| fields.contains_key(f))
                 }
             };
-            if !where_matches || d.state == IndexState::Dropping {
+            let shared = d.kind.is_none() && d.name == SHARED;
+            if !where_matches || shared || d.state == IndexState::Dropping {
                 continue;
             }
             let direction = if d.sort == sort {
@@ -530,9 +556,14 @@ impl Engine {
                 )));
             }
         }
+        if q.scope == Scope::Shared && (q.kind.is_some() || !fields.is_empty()) {
+            return Err(EngineError::InvalidInput(
+                "scope=shared lists every kind: it takes no kind and no where-fields".into(),
+            ));
+        }
         if let Some(kind) = &q.kind {
             fields.insert("kind".into(), Value::from(kind.clone()));
-        } else if q.scope != Scope::Mine {
+        } else if q.scope == Scope::Visible {
             return Err(EngineError::InvalidInput("kind is required".into()));
         }
         let sort = if q.sort.is_empty() {
@@ -577,7 +608,14 @@ impl Engine {
             }
             fields.insert("createdBy".into(), username);
         }
-        let plan = self.plan(&defs.defs, q, &fields, sort)?;
+        if q.scope == Scope::Shared && !matches!(me.first(), Some(Principal::User(_))) {
+            return Err(EngineError::Unauthenticated("sign in first".into()));
+        }
+        let plan = if q.scope == Scope::Shared {
+            shared_plan(&defs.defs, sort)?
+        } else {
+            self.plan(&defs.defs, q, &fields, sort)?
+        };
         let after = match &q.cursor {
             Some(c) => Some(decode_cursor(c, &plan.def.name, plan.direction)?),
             None => None,
@@ -592,9 +630,15 @@ impl Engine {
             let principals = res.principals();
             let new: Vec<Vec<u8>> = principals[added..]
                 .iter()
+                // `_shared` has no rows in the partitions every reader shares.
+                .filter(|p| q.scope != Scope::Shared || !is_shared(p))
                 .flat_map(|p| plan.def.partitions(p, split, &values))
                 .collect();
-            let expected = principals.len() + 2 * split.saturating_sub(1) as usize;
+            let expected = if q.scope == Scope::Shared {
+                principals.iter().filter(|p| !is_shared(p)).count()
+            } else {
+                principals.len() + 2 * split.saturating_sub(1) as usize
+            };
             added = principals.len();
             merge.add(new, expected);
             let walk = res.scans();
@@ -643,6 +687,14 @@ impl Engine {
             } else {
                 stored.item.role_of(&actor.principals)
             };
+            // The caller's own items shared with one of their groups are
+            // in `_shared` too; they are left out (the page may come out
+            // short, its cursor still moves on).
+            let own =
+                matches!(me.first(), Some(Principal::User(u)) if *u == stored.item.created_by);
+            if q.scope == Scope::Shared && own {
+                continue;
+            }
             if let Some(role) = role {
                 items.push(ItemView {
                     item: stored.item,

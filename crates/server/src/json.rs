@@ -110,7 +110,7 @@ impl PartialSchema for IndexName {
         string_schema(
             INDEX_NAME,
             None,
-            "A declared index's name, or a built-in's (_kind, _mine, _mine_kind)",
+            "A declared index's name, or a built-in's (_kind, _mine, _mine_kind, _shared)",
         )
     }
 }

@@ -499,6 +499,40 @@ async fn check(engine: &Engine, model: &Model) {
                 ..ListQuery::default()
             };
             assert_eq!(all_pages(engine, &who, q).await, want, "{u:?} mine");
+            // Shared with me: others' items granted to me or to one of my
+            // groups, whatever everyone and signed-in users may read.
+            let p = model.principals(*u);
+            let mut shared: Vec<&ModelItem> = model
+                .items
+                .iter()
+                .filter(|it| !it.deleted && it.creator != *me)
+                .filter(|it| {
+                    it.acl
+                        .keys()
+                        .any(|w| matches!(w, Who::User(_) | Who::Group(_)) && p.contains(w))
+                })
+                .collect();
+            shared.sort_by_key(|it| std::cmp::Reverse(it.modified));
+            let want: Vec<String> = shared.iter().map(|it| it.id.clone()).collect();
+            let mut q = ListQuery {
+                scope: Scope::Shared,
+                limit: PAGE,
+                ..ListQuery::default()
+            };
+            let mut got = Vec::new();
+            loop {
+                // A page may come out short (my own items shared with my
+                // groups are left out), never long.
+                let page = engine.list_items(&who, &q).await.unwrap();
+                assert!(page.items.len() <= PAGE);
+                got.extend(page.items.into_iter().map(|v| v.item.id));
+                match page.next {
+                    Some(c) => q.cursor = Some(c),
+                    None => break,
+                }
+                assert!(got.len() <= 10_000, "listing does not end");
+            }
+            assert_eq!(got, want, "{u:?} shared");
         }
         for it in &model.items {
             let got = engine.get_item(&who, &it.id, None).await;

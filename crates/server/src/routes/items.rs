@@ -262,6 +262,9 @@ pub enum ListScope {
     Visible,
     /// Items the caller created.
     Mine,
+    /// Items others shared with the caller or one of the caller's groups,
+    /// any kind, by `modifiedAt`.
+    Shared,
 }
 
 /// The query of a listing. Besides these, `where.<field>=<value>` asks for
@@ -271,7 +274,8 @@ pub enum ListScope {
 #[derive(IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListParams {
-    /// The kind to list; required unless `scope=mine`.
+    /// The kind to list; required for `scope=visible`, optional for
+    /// `scope=mine`, refused for `scope=shared`.
     #[param(value_type = Name, required = false)]
     kind: Option<String>,
     /// Sort fields, comma-separated, `-field` for descending; default
@@ -284,7 +288,8 @@ pub struct ListParams {
     /// The `next` of the previous page.
     #[param(value_type = Cursor, required = false)]
     cursor: Option<String>,
-    /// Everything the caller may read (default), or only what they created.
+    /// Everything the caller may read (default), only what they created, or
+    /// only what others shared with them or their groups.
     #[param(inline)]
     scope: Option<ListScope>,
     /// `where.<field>` equalities.
@@ -354,7 +359,8 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ListParams {
                     q.scope = Some(match v.as_str() {
                         "visible" => ListScope::Visible,
                         "mine" => ListScope::Mine,
-                        _ => return Err(ApiError::invalid("scope is visible or mine")),
+                        "shared" => ListScope::Shared,
+                        _ => return Err(ApiError::invalid("scope is visible, mine or shared")),
                     })
                 }
                 other => match other.strip_prefix("where.") {
@@ -376,6 +382,13 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ListParams {
 /// (`true`, `42`, `"x"`), else taken as a string. No declared index serves
 /// the combination: `400 no-index`, whose detail names the index to
 /// declare. An index still being built: `503 index-building`.
+///
+/// `scope=shared` lists, newest first (or `sort=modifiedAt`), the items
+/// of every kind that others shared with the caller or one of the
+/// caller's groups (not those shared only with `everyone` or
+/// `authenticated`); the caller's own items shared with their groups are
+/// left out, so a page may hold fewer than `limit` items while `next` is
+/// not `null`.
 #[utoipa::path(
     get, path = "/api/v1/items", tag = "items", operation_id = "listItems",
     security((), ("bearer" = [])),
@@ -399,6 +412,7 @@ pub async fn list(
         },
         scope: match params.scope {
             Some(ListScope::Mine) => Scope::Mine,
+            Some(ListScope::Shared) => Scope::Shared,
             Some(ListScope::Visible) | None => Scope::Visible,
         },
         limit: params.limit.map_or(50, |n| n as usize),

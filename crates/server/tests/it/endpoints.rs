@@ -1118,3 +1118,71 @@ async fn acl_requests_of_more_than_256_grants_are_refused() {
     .await
     .expect(400);
 }
+
+#[tokio::test]
+async fn shared_with_me_lists_what_others_shared() {
+    let app = TestApp::new().await;
+    let alice = app.user("alice").await;
+    let bob = app.user("bob").await;
+    app.item(&alice, "doc", json!({"n": "private"}), json!([]))
+        .await;
+    app.item(
+        &alice,
+        "doc",
+        json!({"n": "public"}),
+        json!([{"principal": "everyone", "role": "viewer"}]),
+    )
+    .await;
+    let to_bob = app
+        .item(
+            &alice,
+            "photo",
+            json!({"n": "to bob"}),
+            json!([{"principal": "user:bob", "role": "viewer"}]),
+        )
+        .await;
+    // Bob's own item shared with everyone is not "shared with" him.
+    app.item(
+        &bob,
+        "doc",
+        json!({}),
+        json!([{"principal": "authenticated", "role": "editor"}]),
+    )
+    .await;
+    let ids = |r: &crate::support::Reply| -> Vec<String> {
+        r.json()["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let r = app
+        .get("/api/v1/items?scope=shared", Some(&bob))
+        .await
+        .expect(200);
+    assert_eq!(ids(&r), vec![to_bob["id"].as_str().unwrap().to_string()]);
+    assert_eq!(r.json()["next"], Value::Null);
+    let r = app
+        .get("/api/v1/items?scope=shared", Some(&alice))
+        .await
+        .expect(200);
+    assert!(ids(&r).is_empty(), "{}", r.text());
+    // Every kind at once: a kind or a where-field is refused, as is a sort
+    // other than by modification time.
+    app.get("/api/v1/items?scope=shared&kind=doc", Some(&bob))
+        .await
+        .expect(400);
+    app.get("/api/v1/items?scope=shared&where.n=1", Some(&bob))
+        .await
+        .expect(400);
+    app.get("/api/v1/items?scope=shared&sort=n", Some(&bob))
+        .await
+        .expect(400);
+    app.get("/api/v1/items?scope=shared&sort=modifiedAt", Some(&bob))
+        .await
+        .expect(200);
+    app.get("/api/v1/items?scope=shared", None)
+        .await
+        .expect(401);
+}
