@@ -19,7 +19,7 @@
 # 3. Signs up a user and signs in, then runs schemathesis twice: as that
 #    user over every operation, and as the administrator over the
 #    operations only administrators pass (index declarations, creating
-#    users), so that their successes are fuzzed too.
+#    users, resetting passwords), so that their successes are fuzzed too.
 # 4. Stops the server (trap), whatever happened; after a failure keeps the
 #    requests and responses (HAR) and the server log in /tmp.
 set -euo pipefail
@@ -119,7 +119,8 @@ run() {
 cd "$WORK"
 status=0
 run user "$USER_TOKEN" "$@" || status=1
-run admin "$ADMIN_TOKEN" --include-tag indexes --include-operation-id createUser "$@" || status=1
+run admin "$ADMIN_TOKEN" --include-tag indexes --include-operation-id createUser \
+  --include-operation-id resetPassword "$@" || status=1
 if [ $status -ne 0 ]; then
   KEEP=$(mktemp -d /tmp/tarn-schemathesis-failed.XXXXXX)
   cp -r "$WORK/reports" "$WORK/server.log" "$WORK"/st-*.log "$KEEP/"

@@ -254,6 +254,27 @@ impl Engine {
         Ok(user)
     }
 
+    /// An administrator sets another user's (or their own) password; every
+    /// session of that user ends, on every node.
+    pub async fn reset_password(
+        &self,
+        caller: &Caller,
+        username: &str,
+        password: &str,
+    ) -> Result<User> {
+        let actor = self
+            .retrying(|| async {
+                let mut snap = self.snapshot().await?;
+                Ok(self.resolve(&mut snap, caller, &[], &[]).await?.0)
+            })
+            .await?;
+        actor.require_admin()?;
+        if !crate::is_valid_name(username) {
+            return Err(EngineError::NotFound(format!("no user {username}")));
+        }
+        self.set_password(username, password, None, false).await
+    }
+
     /// Ends every session of a user, in bounded batches.
     async fn end_all_sessions(&self, username: &str) -> Result<()> {
         loop {

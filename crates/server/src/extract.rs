@@ -7,7 +7,9 @@
 use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request};
-use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, IF_MATCH};
+use axum::http::header::{
+    AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, IF_MATCH, ORIGIN,
+};
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
@@ -21,12 +23,29 @@ use crate::error::{ApiError, ApiResult, Code};
 use crate::json::TOKEN;
 use crate::AppState;
 
-/// The caller, from `Authorization: Bearer <token>`; anonymous without one.
-/// Only parsed here: the engine checks the token inside the operation, in
-/// the same snapshot as the rest of the request.
+/// The name of the web app's session cookie.
+pub const SESSION_COOKIE: &str = "tarn_session";
+
+/// The header a cookie-authenticated request that changes something must
+/// carry (with the value `1`). A page of another site cannot send it
+/// without a CORS preflight, which this server never grants.
+pub const CSRF_HEADER: &str = "x-tarn-csrf";
+
+/// The caller, from `Authorization: Bearer <token>`, else from the web
+/// app's session cookie; anonymous without either. Only parsed here: the
+/// engine checks the token inside the operation, in the same snapshot as
+/// the rest of the request.
+///
+/// A bearer token wins over the cookie. The cookie is taken on a request
+/// that changes something (any method but GET, HEAD and OPTIONS) only when
+/// the request proves it comes from a page of this origin: it carries
+/// `X-Tarn-CSRF: 1`, and its `Origin` and `Sec-Fetch-Site`, when present,
+/// say the same origin; otherwise it is refused with `403 forbidden`.
 pub struct Auth {
     /// Who is calling, as presented.
     pub caller: Caller,
+    /// Whether the credential came from the session cookie.
+    pub by_cookie: bool,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Auth {
@@ -34,9 +53,21 @@ impl<S: Send + Sync> FromRequestParts<S> for Auth {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<Auth> {
         let Some(value) = parts.headers.get(AUTHORIZATION) else {
-            return Ok(Auth {
-                caller: Caller::Anonymous,
-            });
+            return match session_cookie(&parts.headers) {
+                Some(token) => {
+                    if !parts.method.is_safe() {
+                        check_same_origin(&parts.headers)?;
+                    }
+                    Ok(Auth {
+                        caller: Caller::Token(token),
+                        by_cookie: true,
+                    })
+                }
+                None => Ok(Auth {
+                    caller: Caller::Anonymous,
+                    by_cookie: false,
+                }),
+            };
         };
         let token = value
             .to_str()
@@ -49,8 +80,105 @@ impl<S: Send + Sync> FromRequestParts<S> for Auth {
             })?;
         Ok(Auth {
             caller: Caller::Token(token.to_string()),
+            by_cookie: false,
         })
     }
+}
+
+/// The session token of the `tarn_session` cookie, if one of the `Cookie`
+/// headers holds a plausible one (a malformed value is no credential).
+pub fn session_cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == SESSION_COOKIE)
+        .map(|(_, value)| value.trim().trim_matches('"').to_string())
+        .filter(|t| !t.is_empty() && t.len() <= 256 && t.bytes().all(|b| b.is_ascii_graphic()))
+}
+
+/// Refuses a request that does not prove it comes from a page of this
+/// origin: `X-Tarn-CSRF: 1`, and, when the browser says, a same-origin
+/// `Sec-Fetch-Site` and an `Origin` naming this host.
+pub fn check_same_origin(headers: &HeaderMap) -> ApiResult<()> {
+    let refuse = |why: &str| {
+        Err(ApiError::new(
+            Code::Forbidden,
+            format!("a request signed in by cookie that changes something must come from this origin's pages: {why}"),
+        ))
+    };
+    if headers.get(CSRF_HEADER).map(|v| v.as_bytes()) != Some(b"1") {
+        return refuse("send X-Tarn-CSRF: 1");
+    }
+    if let Some(site) = headers.get("sec-fetch-site") {
+        if site.as_bytes() != b"same-origin" {
+            return refuse("Sec-Fetch-Site is not same-origin");
+        }
+    }
+    if let Some(origin) = headers.get(ORIGIN) {
+        let authority = origin
+            .to_str()
+            .ok()
+            .and_then(|o| o.split_once("://"))
+            .map(|(_, rest)| rest.trim_end_matches('/'));
+        let host = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let same = authority.is_some_and(|a| {
+            host(HOST.as_str()).is_some_and(|h| h.eq_ignore_ascii_case(a))
+                || host(X_FORWARDED_HOST).is_some_and(|h| h.eq_ignore_ascii_case(a))
+        });
+        if !same {
+            return refuse("Origin names another site");
+        }
+    }
+    Ok(())
+}
+
+/// `X-Forwarded-Host`, as a proxy in front of the server sets it.
+const X_FORWARDED_HOST: &str = "x-forwarded-host";
+
+/// Whether the request reached the client's side over TLS: only a trusted
+/// proxy can say so (`X-Forwarded-Proto: https` or `Forwarded: proto=https`),
+/// since the server itself speaks plain HTTP. Session cookies are marked
+/// `Secure` when it is.
+pub struct OverTls(pub bool);
+
+impl FromRequestParts<AppState> for OverTls {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> ApiResult<OverTls> {
+        let from_trusted = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .is_some_and(|c| {
+                let peer = c.0.ip();
+                s.config.trusted_proxies.iter().any(|t| t.contains(peer))
+            });
+        Ok(OverTls(from_trusted && says_https(&parts.headers)))
+    }
+}
+
+/// Whether a proxy's headers say the client spoke HTTPS.
+pub fn says_https(headers: &HeaderMap) -> bool {
+    let proto = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(|v| v.trim().eq_ignore_ascii_case("https"));
+    let forwarded = headers
+        .get("forwarded")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(|first| {
+            first.split(';').any(|kv| {
+                kv.trim().split_once('=').is_some_and(|(k, v)| {
+                    k.eq_ignore_ascii_case("proto")
+                        && v.trim_matches('"').eq_ignore_ascii_case("https")
+                })
+            })
+        });
+    proto.or(forwarded).unwrap_or(false)
 }
 
 /// A link key, from `?key=` or the `Tarn-Link-Key` header.

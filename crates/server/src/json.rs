@@ -308,6 +308,15 @@ pub struct SignIn {
     pub password: String,
 }
 
+/// A new password, set by an administrator.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewPassword {
+    /// At least 8 characters, at most 1024 bytes.
+    #[schema(min_length = 8, max_length = 1024)]
+    pub password: String,
+}
+
 /// A user, as the user and administrators see it.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]

@@ -5,7 +5,9 @@
 //! handler declares its route, parameters, bodies and answers beside its
 //! code; [`routes::router`] builds both the router and the OpenAPI document
 //! from them, and the bodies are the types of [`json`]. Requests share
-//! nothing mutable but the store's pools and atomic metric counters.
+//! nothing mutable but the store's pools and atomic metric counters. The
+//! web app's files, built into the binary, are served beside the API
+//! ([`web`]).
 
 #![warn(missing_docs)]
 
@@ -15,6 +17,7 @@ pub mod json;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;
+pub mod web;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,19 +101,22 @@ impl AppState {
     }
 }
 
-/// The whole HTTP application.
+/// The whole HTTP application, with the web app built into this binary.
 pub fn app(state: AppState) -> Router {
+    app_with_web(state, web::FILES)
+}
+
+/// The whole HTTP application, serving `files` as the web app (an empty
+/// slice: a server built without the app, which says at `/` how to build
+/// it).
+pub fn app_with_web(state: AppState, files: &'static [web::WebFile]) -> Router {
     let (router, _) = routes::router().split_for_parts();
     router
-        .fallback(fallback)
+        .fallback(move |method, uri, headers| web::fallback(files, method, uri, headers))
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
-}
-
-async fn fallback() -> ApiError {
-    ApiError::not_found("no such route")
 }
 
 async fn method_not_allowed() -> ApiError {

@@ -4,14 +4,17 @@
 //! gathered by [`crate::routes::router`]; its schemas from the types of
 //! [`crate::json`]; its error responses from the table in
 //! [`crate::error`]. This module adds what belongs to the whole document:
-//! its description, the bearer security scheme and the problem schema.
+//! its description, the bearer and cookie security schemes and the problem
+//! schema, and what the cookie means for every operation (see [`refine`]).
 
 use std::sync::OnceLock;
 
 use axum::body::Bytes;
 use axum::http::Method;
 use utoipa::openapi::schema::Schema;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{
+    ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+};
 use utoipa::openapi::{OpenApi as Document, RefOr};
 use utoipa::{Modify, OpenApi};
 
@@ -41,7 +44,8 @@ use crate::json::{Cursor, Id, IndexDeclaration, IndexName, MemberName, Name, Pri
 )]
 struct ApiDoc;
 
-/// The bearer token scheme of `POST /api/v1/sessions`.
+/// The bearer token scheme of `POST /api/v1/sessions` and the cookie of
+/// `POST /api/v1/sessions/cookie`.
 struct Security;
 
 impl Modify for Security {
@@ -57,6 +61,13 @@ impl Modify for Security {
                     ))
                     .build(),
             ),
+        );
+        components.add_security_scheme(
+            "cookie",
+            SecurityScheme::ApiKey(ApiKey::Cookie(ApiKeyValue::with_description(
+                crate::extract::SESSION_COOKIE,
+                "The web app's session: the HttpOnly cookie set by `POST /api/v1/sessions/cookie`. A bearer token wins over it. A request signed in by it that changes something (any method but GET and HEAD) must carry `X-Tarn-CSRF: 1`, and its `Origin` and `Sec-Fetch-Site`, when present, must name this origin; otherwise `403 forbidden`.",
+            ))),
         );
     }
 }
@@ -79,8 +90,48 @@ pub fn document() -> &'static Document {
     })
 }
 
-/// Adds what the derives cannot state: constraints between fields.
+/// Adds what the derives cannot state: constraints between fields, and
+/// the session cookie. Every operation that takes a bearer token takes the
+/// cookie as well (the same extractor reads both), and every such operation
+/// that changes something may refuse a cookie without the CSRF proofs with
+/// `403`: stated here once, for all of them.
 fn refine(doc: &mut Document) {
+    for item in doc.paths.paths.values_mut() {
+        let unsafe_ops = [
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        let safe_ops = [&mut item.get, &mut item.head];
+        for (changes, op) in unsafe_ops
+            .into_iter()
+            .map(|op| (true, op))
+            .chain(safe_ops.into_iter().map(|op| (false, op)))
+        {
+            let Some(op) = op.as_mut() else { continue };
+            let Some(security) = op.security.as_mut() else {
+                continue;
+            };
+            let takes_bearer = serde_json::to_value(&*security)
+                .map(|v| v.to_string().contains("\"bearer\""))
+                .unwrap_or(false);
+            if !takes_bearer {
+                continue;
+            }
+            security.push(SecurityRequirement::new("cookie", Vec::<String>::new()));
+            if changes {
+                op.responses
+                    .responses
+                    .entry("403".to_string())
+                    .or_insert_with(|| {
+                        RefOr::T(crate::error::problem_response(
+                            axum::http::StatusCode::FORBIDDEN,
+                        ))
+                    });
+            }
+        }
+    }
     let schemas = &mut doc.components.get_or_insert_with(Default::default).schemas;
     if let Some(RefOr::T(Schema::Object(declaration))) = schemas.get_mut("IndexDeclaration") {
         let extensions = declaration.extensions.get_or_insert_with(Default::default);

@@ -34,6 +34,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(users::get))
         .routes(routes!(users::sign_in))
         .routes(routes!(users::sign_out))
+        .routes(routes!(users::sign_in_cookie))
+        .routes(routes!(users::reset_password))
         .routes(routes!(users::me))
         .routes(routes!(groups::create))
         .routes(routes!(groups::get))

@@ -1,16 +1,21 @@
 //! Users, sessions and `/me`.
 
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::Response;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::Required;
 use utoipa::IntoParams;
 
 use crate::error::{
     ApiResult, BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, ServiceUnavailable,
     TooManyRequests, Unauthorized, UnsupportedMediaType,
 };
-use crate::extract::{Auth, ClientAddr, JsonBody, Path};
+use crate::extract::{
+    check_same_origin, session_cookie, Auth, ClientAddr, JsonBody, OverTls, Path, SESSION_COOKIE,
+};
 use crate::json::{self, Name, Time};
 use crate::routes::reply;
 use crate::AppState;
@@ -118,16 +123,136 @@ pub async fn sign_in(
 }
 
 /// End this session on every node
+///
+/// Ends the session of the bearer token, or of the web app's session
+/// cookie; a request that presented the cookie is answered with a
+/// `Set-Cookie` that clears it, whatever the outcome.
 #[utoipa::path(
     delete, path = "/api/v1/sessions/current", tag = "users", operation_id = "signOut",
     security(("bearer" = [])),
     responses(
-        (status = 204, description = "The token no longer works"),
+        (status = 204, description = "The token no longer works", headers(
+            ("Set-Cookie" = String, description = "Clears the session cookie, when the request presented one"),
+        )),
         Unauthorized, ServiceUnavailable,
     ),
 )]
-pub async fn sign_out(State(s): State<AppState>, auth: Auth) -> ApiResult<StatusCode> {
-    s.engine.sign_out(&auth.caller).await?;
+pub async fn sign_out(State(s): State<AppState>, headers: HeaderMap, auth: Auth) -> Response {
+    let mut res = match s.engine.sign_out(&auth.caller).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => crate::error::ApiError::from(e).into_response(),
+    };
+    if session_cookie(&headers).is_some() {
+        res.headers_mut().append(
+            header::SET_COOKIE,
+            HeaderValue::from_static("tarn_session=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+        );
+    }
+    res
+}
+
+/// `X-Tarn-CSRF: 1`, which the cookie sign-in needs.
+pub struct CsrfHeader;
+
+impl IntoParams for CsrfHeader {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![ParameterBuilder::new()
+            .name("X-Tarn-CSRF")
+            .parameter_in(ParameterIn::Header)
+            .required(Required::True)
+            .description(Some(
+                "Always `1`: proves the request comes from a page of this origin (another site's page cannot send it without a CORS preflight)",
+            ))
+            .schema(Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(["1"])),
+            ))
+            .build()]
+    }
+}
+
+/// Sign in the web app: a session in an HttpOnly cookie
+///
+/// The same check as `POST /api/v1/sessions`, but the session's token is
+/// never shown to script: it is set as the cookie `tarn_session`
+/// (`HttpOnly; SameSite=Strict; Path=/`, and `Secure` when a trusted proxy
+/// says the client spoke HTTPS), which the server takes on every request
+/// without `Authorization`. Requests signed in by the cookie that change
+/// something must carry `X-Tarn-CSRF: 1` and come from this origin.
+#[utoipa::path(
+    post, path = "/api/v1/sessions/cookie", tag = "users", operation_id = "signInCookie",
+    params(CsrfHeader),
+    request_body = json::SignIn,
+    responses(
+        (status = 201, description = "Signed in; the session is in the cookie", body = json::User, headers(
+            ("Set-Cookie" = String, description = "`tarn_session=<token>; Path=/; HttpOnly; SameSite=Strict; Max-Age=<seconds>`, plus `Secure` over HTTPS"),
+        )),
+        BadRequest, Unauthorized, Forbidden, PayloadTooLarge, UnsupportedMediaType, TooManyRequests,
+        ServiceUnavailable,
+    ),
+)]
+pub async fn sign_in_cookie(
+    State(s): State<AppState>,
+    ClientAddr(addr): ClientAddr,
+    OverTls(tls): OverTls,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<json::SignIn>,
+) -> ApiResult<Response> {
+    match headers.get(crate::extract::CSRF_HEADER) {
+        Some(v) if v.as_bytes() == b"1" => {}
+        _ => {
+            return Err(crate::error::ApiError::invalid(
+                "the cookie sign-in needs the header X-Tarn-CSRF: 1",
+            ))
+        }
+    }
+    check_same_origin(&headers)?;
+    let (token, user) = s
+        .engine
+        .sign_in_throttled(&body.username, &body.password, addr.as_deref())
+        .await?;
+    let max_age = s.engine.config().session_ttl.as_secs();
+    let secure = if tls { "; Secure" } else { "" };
+    let cookie = format!(
+        "{SESSION_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+    );
+    let mut res = reply(StatusCode::CREATED, &json::User::from(&user));
+    res.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_str(&cookie).map_err(|_| {
+            crate::error::ApiError::new(
+                crate::error::Code::Internal,
+                "the session token is not a header value",
+            )
+        })?,
+    );
+    Ok(res)
+}
+
+/// Set a user's password (administrators)
+///
+/// Every session of that user ends at once, on every node.
+#[utoipa::path(
+    put, path = "/api/v1/users/{username}/password", tag = "users", operation_id = "resetPassword",
+    security(("bearer" = [])),
+    params(UserPath),
+    request_body = json::NewPassword,
+    responses(
+        (status = 204, description = "The password is set and the user's sessions are ended"),
+        BadRequest, Unauthorized, Forbidden, NotFound, PayloadTooLarge, UnsupportedMediaType,
+        ServiceUnavailable,
+    ),
+)]
+pub async fn reset_password(
+    State(s): State<AppState>,
+    auth: Auth,
+    Path(UserPath { username }): Path<UserPath>,
+    JsonBody(body): JsonBody<json::NewPassword>,
+) -> ApiResult<StatusCode> {
+    s.engine
+        .reset_password(&auth.caller, &username, &body.password)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -6,3 +6,4 @@ mod endpoints;
 mod live;
 mod openapi;
 mod support;
+mod web;

@@ -122,6 +122,18 @@ impl TestApp {
         }
     }
 
+    /// A server whose web app is `files` instead of the one built into
+    /// this binary (an empty slice: a binary built without the app).
+    pub async fn with_web(files: &'static [tarn_server::web::WebFile]) -> TestApp {
+        let (store, dir) = store().await;
+        let state = AppState::new(store, engine_config(), ServerConfig::default());
+        TestApp {
+            router: tarn_server::app_with_web(state.clone(), files),
+            state,
+            _dir: dir,
+        }
+    }
+
     pub async fn raw(&self, req: Request<Body>) -> Reply {
         let res = self.router.clone().oneshot(req).await.unwrap();
         let status = res.status();
