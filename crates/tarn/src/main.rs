@@ -41,6 +41,10 @@ enum Command {
     /// Read an export (from stdin, or --in) into an empty store; index rows
     /// are rebuilt.
     Import(MoveArgs),
+    /// Print the HTTP API's OpenAPI document (what the server serves at
+    /// /api/v1/openapi.json), without a server; clients/typescript is
+    /// generated from it.
+    Openapi,
 }
 
 #[derive(Args)]
@@ -255,6 +259,13 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => rt.block_on(bench(args)),
         Command::Export(args) => rt.block_on(export(args)),
         Command::Import(args) => rt.block_on(import(args)),
+        Command::Openapi => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            serde_json::to_writer_pretty(&mut out, tarn_server::openapi::document())?;
+            out.write_all(b"\n")?;
+            Ok(())
+        }
     }
 }
 
@@ -368,6 +379,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .context("TARN_ADMIN_PASSWORD")?;
     }
     state.engine.start().await?;
+    // The web app's own index; the API works without it, so a failure is
+    // only logged.
+    if let Err(e) = tarn_server::web::declare_app_indexes(&state.engine).await {
+        tracing::warn!(error = %e, "the web app's chat-history index could not be declared");
+    }
     let app = tarn_server::app(state);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
