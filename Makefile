@@ -2,20 +2,29 @@
 # Both set up what they need first (see scripts/setup.sh).
 
 CARGO ?= cargo
+NPM ?= npm
 LISTEN ?= 127.0.0.1:7700
 DATA ?= ./tarn-data
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: run test setup build lint check-tests schemathesis bench-store test-cassandra
+.PHONY: run test setup build web lint check-tests schemathesis test-web check-client bench-store test-cassandra
 
 setup:
 	@scripts/setup.sh
 
-build: setup
+# The web app (web/): installed from its lockfile and built into web/dist,
+# which the server embeds when it is compiled; fails if its JavaScript is
+# 200 KB or more gzipped.
+web: setup
+	cd web && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(NPM) ci --no-audit --no-fund --loglevel=error
+	cd web && $(NPM) run build --silent && $(NPM) run size --silent
+
+build: web
 	$(CARGO) build --release -p tarn
 
-# Builds a release binary and serves on the embedded SQLite store.
+# Builds the web app and a release binary, and serves on the embedded SQLite store.
 run: build
-	./target/release/tarn serve --listen $(LISTEN) --data $(DATA)
+	$(TARGET_DIR)/release/tarn serve --listen $(LISTEN) --data $(DATA)
 
 lint: setup
 	$(CARGO) fmt --all --check
@@ -37,8 +46,22 @@ check-tests: setup
 schemathesis: setup
 	scripts/schemathesis.sh
 
-# Everything CI runs.
-test: lint check-tests schemathesis
+# The TypeScript client (clients/typescript) matches the OpenAPI document.
+check-client: setup
+	scripts/client-typescript.sh check
+
+# The web app in Debian's Chromium (installed when missing): type checks,
+# then Playwright against a real `tarn serve` (a debug build with the app in
+# it) — people in separate browser contexts, an axe-core scan and a
+# screenshot of every page (web/test-results/screenshots).
+test-web: web check-client
+	@scripts/setup.sh --browser
+	$(CARGO) build -p tarn
+	cd web && $(NPM) run check --silent
+	cd web && $(NPM) test
+
+# Everything CI runs (the web app first, so that every build embeds it).
+test: web lint check-tests schemathesis test-web
 
 # Criterion micro-benchmarks of the SQLite store (release build).
 bench-store: setup
