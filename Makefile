@@ -36,7 +36,7 @@ lint: setup
 # Cassandra.
 check-tests: setup
 	scripts/with-postgres.sh scripts/with-cassandra.sh sh -c '\
-	  $(CARGO) test --workspace && \
+	  $(CARGO) test --workspace --no-fail-fast && \
 	  TARN_TEST_STORE=sqlite $(CARGO) test -p tarn-server --test it && \
 	  TARN_TEST_STORE=postgres $(CARGO) test -p tarn-server --test it && \
 	  TARN_TEST_STORE=cassandra $(CARGO) test -p tarn-server --test it'

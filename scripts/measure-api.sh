@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Requests/s and p99 of health, an item read and a sorted 25-item listing,
+# Requests/s and p99 of health, an item read, a sorted 25-item listing and /me,
 # at 16 and 200 connections, with wrk against a release build on loopback.
 # Usage: scripts/measure-api.sh [ITEMS]   (needs wrk: apt-get install wrk)
 set -euo pipefail
@@ -39,11 +39,12 @@ echo "items: $ITEMS; cores: $(nproc); $(date -u +%Y-%m-%d)"
 printf '%-10s %5s %12s %10s %8s\n' target conns "requests/s" "p99" ratio
 for C in 16 200; do
   declare -A RPS=()
-  for T in health item listing; do
+  for T in health item listing me; do
     case $T in
       health) URL=$API/health ;;
       item) URL=$API/items/$ID ;;
       listing) URL="$API/items?kind=doc&sort=rank&limit=25" ;;
+      me) URL=$API/me ;;
     esac
     OUT=$(wrk -t2 -c$C -d$DUR --latency -H "authorization: Bearer $READER" "$URL")
     R=$(echo "$OUT" | awk '/Requests\/sec/ {print $2}')

@@ -50,6 +50,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
+use futures_util::future::{select, Either};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::{Deserialize, Serialize};
 use tarn_store::{Batch, Expect, Key, Row, Scan, Snapshot, SnapshotExt};
@@ -805,28 +806,29 @@ impl Engine {
             // Item ids are base64url: every one sorts after the stamp row.
             let mut after = schema::STAMP_ROW.to_vec();
             loop {
-                let batch = self
-                    .retrying(|| async {
-                        let mut snap = self.snapshot().await?;
-                        let ids = snap
-                            .scan(
-                                &Scan::partition(KINDS, partition.clone(), BACKFILL_BATCH)
-                                    .bounds(Bound::Excluded(after.clone()), Bound::Unbounded),
-                            )
-                            .await?;
-                        let keys: Vec<Key> = ids
-                            .iter()
-                            .map(|r| {
-                                String::from_utf8(r.clustering.clone())
-                                    .map(|id| schema::item_key(&id))
-                                    .map_err(|e| crate::error::corrupt("kind entry", e))
-                            })
-                            .collect::<Result<_>>()?;
-                        let items = snap.get_many(&keys).await?;
-                        Ok((ids.last().map(|r| r.clustering.clone()), items))
-                    })
-                    .await?;
-                let (last, items) = batch;
+                // The next batch is read while the items already started run
+                // on: each may hold a store connection, and leaving them
+                // unpolled while this read waits for one could wait forever.
+                let next = self.retrying(|| async {
+                    let mut snap = self.snapshot().await?;
+                    let ids = snap
+                        .scan(
+                            &Scan::partition(KINDS, partition.clone(), BACKFILL_BATCH)
+                                .bounds(Bound::Excluded(after.clone()), Bound::Unbounded),
+                        )
+                        .await?;
+                    let keys: Vec<Key> = ids
+                        .iter()
+                        .map(|r| {
+                            String::from_utf8(r.clustering.clone())
+                                .map(|id| schema::item_key(&id))
+                                .map_err(|e| crate::error::corrupt("kind entry", e))
+                        })
+                        .collect::<Result<_>>()?;
+                    let items = snap.get_many(&keys).await?;
+                    Ok((ids.last().map(|r| r.clustering.clone()), items))
+                });
+                let (last, items) = beside(next, &mut in_flight).await?;
                 for row in items.into_iter().flatten() {
                     let item: ItemRow = schema::decode("item", &row)?;
                     in_flight.push(each(item));
@@ -846,6 +848,26 @@ impl Engine {
             done?;
         }
         Ok(())
+    }
+}
+
+/// Awaits `fut` while driving the futures `in_flight` (failing with the
+/// first of them that fails).
+async fn beside<T, F, G>(fut: F, in_flight: &mut FuturesUnordered<G>) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T>>,
+    G: std::future::Future<Output = Result<()>>,
+{
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if in_flight.is_empty() {
+            return fut.await;
+        }
+        match select(fut.as_mut(), in_flight.next()).await {
+            Either::Left((r, _)) => return r,
+            Either::Right((Some(done), _)) => done?,
+            Either::Right((None, _)) => {}
+        }
     }
 }
 

@@ -280,6 +280,35 @@ async fn builds_racing_writers_on_postgres() {
     race(common::postgres().await, 6).await;
 }
 
+/// Regression: a build kept up to 128 item refreshes in flight but stopped
+/// polling them while it read its next batch; refreshes that held pooled
+/// connections then waited for that read, which waited for a connection:
+/// every writer and the build hung (PostgreSQL, 16 connections). With two
+/// connections, a build of a few hundred items must still finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_build_wider_than_the_pool_finishes() {
+    let store = common::postgres_store_with(tarn_store_postgres::PgOptions { pool_size: 2 }).await;
+    let e = common::engine(Arc::new(store));
+    let owner = sign_up(&e, "owner").await;
+    for i in 0..300i64 {
+        e.create_item(&owner, "doc", props(json!({ "rank": i % 50 })), vec![])
+            .await
+            .unwrap();
+    }
+    e.declare_index(&admin(), "doc-by-rank", "doc", vec![], by_rank(Order::Asc))
+        .await
+        .unwrap();
+    // Not a timing: a deadlock never ends, and a test must fail, not hang.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        common::wait_ready(&e, "doc-by-rank"),
+    )
+    .await
+    .expect("the build finishes");
+    let listed = listed(&e, &owner, "doc", Order::Asc).await.unwrap();
+    assert_eq!(listed.len(), 300);
+}
+
 /// Regression: a sort value longer than the store's key limit made every
 /// write of its item fail, and a backfill that met one stayed `building`.
 #[tokio::test]

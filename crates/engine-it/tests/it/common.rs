@@ -32,13 +32,22 @@ pub fn sqlite() -> (Engine, tempfile::TempDir) {
 
 /// A store on the test PostgreSQL (TARN_TEST_POSTGRES), in a fresh schema.
 pub async fn postgres_store() -> tarn_store_postgres::PgStore {
+    postgres_store_with(tarn_store_postgres::PgOptions::default()).await
+}
+
+/// [`postgres_store`] with settings of its own (a small pool, say).
+pub async fn postgres_store_with(
+    options: tarn_store_postgres::PgOptions,
+) -> tarn_store_postgres::PgStore {
     let base = std::env::var("TARN_TEST_POSTGRES").expect(
         "TARN_TEST_POSTGRES is not set: run the tests through `make test` or scripts/with-postgres.sh",
     );
     let mut b = [0u8; 8];
     getrandom::fill(&mut b).unwrap();
     let url = format!("{base}?schema=e_{:016x}", u64::from_le_bytes(b));
-    tarn_store_postgres::PgStore::connect(&url).await.unwrap()
+    tarn_store_postgres::PgStore::connect_with(&url, options)
+        .await
+        .unwrap()
 }
 
 /// A store on the test Cassandra cluster (TARN_TEST_CASSANDRA), in a fresh

@@ -544,7 +544,7 @@ fn a_cassandra_node_dies_under_load() {
                                 Some(json!({"kind": "note", "properties": {"by": u, "i": i}})),
                             );
                             if r.status == 201 {
-                                made.push(r.json()["id"].as_str().unwrap().to_string());
+                                made.push((u, r.json()["id"].as_str().unwrap().to_string()));
                             }
                             r
                         }
@@ -588,14 +588,16 @@ fn a_cassandra_node_dies_under_load() {
         "the load ran: {all:?}"
     );
     // Everything written while the node was down is there, on both nodes.
-    for (i, id) in made.iter().enumerate() {
+    // (A note is private to the user who made it.)
+    for (i, (u, id)) in made.iter().enumerate() {
         let r = call(
             addrs[i % 2],
             "GET",
             &format!("/api/v1/items/{id}"),
-            Some(&tokens[0]),
+            Some(&tokens[*u]),
             None,
         );
         assert_eq!(r.status, 200, "{id}");
     }
+    assert!(!made.is_empty(), "items were made under load");
 }
