@@ -262,7 +262,10 @@ fn main() -> anyhow::Result<()> {
         Command::Openapi => {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
-            serde_json::to_writer_pretty(&mut out, tarn_server::openapi::document())?;
+            // Keys sorted: some of the document's maps are hash maps, and
+            // clients/typescript's staleness check compares bytes.
+            let doc = sorted_keys(serde_json::to_value(tarn_server::openapi::document())?);
+            serde_json::to_writer_pretty(&mut out, &doc)?;
             out.write_all(b"\n")?;
             Ok(())
         }
@@ -585,4 +588,24 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     .await?;
     println!("{}", tarn_bench::report::summary(&results, &out));
     Ok(())
+}
+
+/// The same JSON with every object's keys in sorted order, so that its
+/// text does not depend on a hash map's iteration order.
+fn sorted_keys(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sorted_keys(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted_keys).collect()),
+        other => other,
+    }
 }
