@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# tarn bench WORKLOAD on PostgreSQL (durable commits): one node, then two
-# nodes behind nginx (round-robin), server CPU summed over the nodes.
+# tarn bench WORKLOAD on PostgreSQL (durable commits), or with
+# STORE=cassandra on a throwaway three-node Cassandra cluster: one node, then
+# two nodes behind nginx (round-robin), server CPU summed over the nodes.
 #   scripts/bench-nodes.sh kenai [extra tarn bench flags]
+#   STORE=cassandra scripts/bench-nodes.sh user-home --quick
 # Needs nginx (apt-get install nginx) for the two-node run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,23 +11,34 @@ WORKLOAD=${1:?workload}; shift
 cargo build --release -p tarn >/dev/null
 OUT=${OUT:-bench-results/nodes}
 mkdir -p "$OUT"
-export TARN_PG_DURABLE=1
-exec scripts/with-postgres.sh bash -c '
+export STORE=${STORE:-postgres}
+case $STORE in
+  postgres) export TARN_PG_DURABLE=1; WITH=scripts/with-postgres.sh ;;
+  cassandra) WITH=scripts/with-cassandra.sh ;;
+  *) echo "STORE is postgres or cassandra" >&2; exit 2 ;;
+esac
+exec $WITH bash -c '
 set -euo pipefail
 WORKLOAD=$1; OUT=$2; shift 2
 free_port() { python3 -c "import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); print(s.getsockname()[1]); s.close()"; }
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill $p 2>/dev/null || true; done; [ -n "${NGINX_DIR:-}" ] && nginx -p "$NGINX_DIR" -c "$NGINX_DIR/nginx.conf" -s stop 2>/dev/null || true; }
 trap cleanup EXIT
+store_url() { # schema (PostgreSQL) or keyspace (Cassandra)
+  case $STORE in
+    postgres) echo "$TARN_TEST_POSTGRES?schema=$1" ;;
+    cassandra) echo "${TARN_TEST_CASSANDRA%/*}/bench_$1?replication=3" ;;
+  esac
+}
 node() { # schema port
-  TARN_ADMIN_PASSWORD=bench-admin-password RUST_LOG=warn ./target/release/tarn serve --listen 127.0.0.1:$2 --store "$TARN_TEST_POSTGRES?schema=$1" >/dev/null &
+  TARN_ADMIN_PASSWORD=bench-admin-password RUST_LOG=warn ./target/release/tarn serve --listen 127.0.0.1:$2 --store "$(store_url $1)" >/dev/null &
   PIDS+=($!)
   until curl -sf http://127.0.0.1:$2/api/v1/health >/dev/null; do sleep 0.2; done
 }
 # One node.
 P1=$(free_port); node one $P1
 ./target/release/tarn bench "$WORKLOAD" --url http://127.0.0.1:$P1 --admin-password bench-admin-password \
-  --server-pid ${PIDS[0]} --out "$OUT/$WORKLOAD-postgres-1node" "$@"
+  --server-pid ${PIDS[0]} --out "$OUT/$WORKLOAD-$STORE-1node" "$@"
 kill ${PIDS[0]}; PIDS=()
 # Two nodes behind nginx.
 PA=$(free_port); PB=$(free_port); PL=$(free_port)
@@ -36,5 +49,5 @@ sed -e "s/127.0.0.1:7701/127.0.0.1:$PA/; s/127.0.0.1:7702/127.0.0.1:$PB/; s/list
 nginx -p "$NGINX_DIR" -c "$NGINX_DIR/nginx.conf"
 until curl -sf http://127.0.0.1:$PL/api/v1/health >/dev/null; do sleep 0.2; done
 ./target/release/tarn bench "$WORKLOAD" --url http://127.0.0.1:$PL --admin-password bench-admin-password \
-  --server-pid ${PIDS[0]},${PIDS[1]} --out "$OUT/$WORKLOAD-postgres-2nodes" "$@"
+  --server-pid ${PIDS[0]},${PIDS[1]} --out "$OUT/$WORKLOAD-$STORE-2nodes" "$@"
 ' _ "$WORKLOAD" "$OUT" "$@"

@@ -353,6 +353,13 @@ impl Engine {
         if let Some(k) = kind {
             crate::model::check_name("kind", k)?;
         }
+        // On a store whose feed is readable only some time after a write
+        // (Cassandra), wait that long first: a pull then returns every
+        // change committed before it was asked, on any node.
+        let lag = self.store().feed_lag();
+        if since.is_some() && !lag.is_zero() {
+            tokio::time::sleep(lag).await;
+        }
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (actor, own) = self

@@ -254,6 +254,9 @@ impl Store for MeteredStore {
     fn partition_split(&self) -> u32 {
         self.inner.partition_split()
     }
+    fn feed_lag(&self) -> std::time::Duration {
+        self.inner.feed_lag()
+    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         self.inner.counters()
     }

@@ -692,6 +692,10 @@ impl Store for PgStore {
         Consistency::Snapshot
     }
 
+    fn feed_lag(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     async fn write(&self, batch: Batch) -> StoreResult<()> {
         batch.validate()?;
         if batch.is_empty() {

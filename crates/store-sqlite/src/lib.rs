@@ -945,6 +945,10 @@ impl Store for SqliteStore {
         Consistency::Snapshot
     }
 
+    fn feed_lag(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = &self.inner.shared;
         vec![

@@ -898,6 +898,10 @@ impl Store for HoldWrites {
         self.inner.consistency()
     }
 
+    fn feed_lag(&self) -> std::time::Duration {
+        self.inner.feed_lag()
+    }
+
     async fn trim_feed(
         &self,
         feed: Table,

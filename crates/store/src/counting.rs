@@ -151,6 +151,10 @@ impl<S: Store> Store for CountingStore<S> {
         self.inner.consistency()
     }
 
+    fn feed_lag(&self) -> std::time::Duration {
+        self.inner.feed_lag()
+    }
+
     async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
         self.inner.trim_feed(feed, through, limit).await
     }

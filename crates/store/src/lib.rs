@@ -481,10 +481,9 @@ pub trait Store: Send + Sync + 'static {
     fn consistency(&self) -> Consistency;
 
     /// How long after its write an entry may take to become readable by
-    /// [`Snapshot::read_feed`] (zero: at once).
-    fn feed_lag(&self) -> std::time::Duration {
-        std::time::Duration::ZERO
-    }
+    /// [`Snapshot::read_feed`] (zero: at once). No default: a wrapper that
+    /// forgot to forward it would make a lagging feed look immediate.
+    fn feed_lag(&self) -> std::time::Duration;
 
     /// Removes at most `limit` of the oldest entries of `feed`, none after
     /// the cursor `through`; answers how many it removed (fewer than

@@ -287,6 +287,10 @@ impl Store for MemoryStore {
         Consistency::Snapshot
     }
 
+    fn feed_lag(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
         let through = cursor_seq(through)?;
         let mut s = self.state.write().unwrap();

@@ -236,6 +236,10 @@ impl<S: tarn_store::Store> tarn_store::Store for SlowCommits<S> {
         self.inner.consistency()
     }
 
+    fn feed_lag(&self) -> std::time::Duration {
+        self.inner.feed_lag()
+    }
+
     async fn trim_feed(
         &self,
         feed: tarn_store::Table,

@@ -105,6 +105,10 @@ impl Store for Failing {
         Consistency::Snapshot
     }
 
+    fn feed_lag(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
         if self.mode.load(Ordering::Relaxed) == WRITES_FAIL {
             return Err(failure(&self.turn));
