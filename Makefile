@@ -24,7 +24,7 @@ build: web
 
 # Builds the web app and a release binary, and serves on the embedded SQLite store.
 run: build
-	$(TARGET_DIR)/release/tarn serve --listen $(LISTEN) --data $(DATA)
+	$(TARGET_DIR)/release/tarn serve --listen $(LISTEN) --data $(DATA) --app-indexes true
 
 lint: setup
 	$(CARGO) fmt --all --check

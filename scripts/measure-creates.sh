@@ -40,12 +40,13 @@ metric() { curl -s http://127.0.0.1:$PORT/metrics | awk -v m="$1" '$1 == m {prin
 echo "cores: $(nproc); $(date -u +%Y-%m-%d); text index: ${TEXT:-no}"
 printf '%-8s %5s %12s %10s %8s %16s\n' target conns "requests/s" "p99" ratio "commits/fsync"
 for C in 1 16 200; do
-  OUT=$(wrk -t2 -c$C -d$DUR --latency "$API/health")
+  T=$(( C < 2 ? 1 : 2 ))
+  OUT=$(wrk -t$T -c$C -d$DUR --latency "$API/health")
   H=$(echo "$OUT" | awk '/Requests\/sec/ {print $2}')
   HP=$(echo "$OUT" | awk '$1=="99%" {print $2}')
   printf '%-8s %5s %12s %10s %8s\n' health $C "$H" "$HP" 1.00
   C0=$(metric tarn_store_sqlite_commits_total); G0=$(metric tarn_store_sqlite_commit_groups_total)
-  OUT=$(wrk -t2 -c$C -d$DUR --latency -s "$DIR/create.lua" -H "authorization: Bearer $WRITER" "$API/items")
+  OUT=$(wrk -t$T -c$C -d$DUR --latency -s "$DIR/create.lua" -H "authorization: Bearer $WRITER" "$API/items")
   C1=$(metric tarn_store_sqlite_commits_total); G1=$(metric tarn_store_sqlite_commit_groups_total)
   R=$(echo "$OUT" | awk '/Requests\/sec/ {print $2}')
   P=$(echo "$OUT" | awk '$1=="99%" {print $2}')

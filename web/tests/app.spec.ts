@@ -301,7 +301,7 @@ test('an administrator declares a text index; search finds what each may read an
   await signIn(admin);
   await navigate(admin.page, 'Indexes');
   const table = admin.page.getByRole('table');
-  // The server declared the chat history's index itself.
+  // The server declared the chat history's index itself (--app-indexes).
   await expect(table.getByRole('row', { name: /chat-history/ })).toContainText('ready');
   await admin.page.getByLabel('Name', { exact: true }).fill('documents');
   await admin.page.getByLabel('Kind', { exact: true }).fill('document');

@@ -23,7 +23,7 @@ export default async function globalSetup() {
   mkdirSync(results, { recursive: true });
   const log = openSync(join(results, 'server.log'), 'w');
   const adminPassword = randomBytes(12).toString('base64url');
-  const server = spawn(bin, ['serve', '--listen', '127.0.0.1:0', '--data', join(data, 'data')], {
+  const server = spawn(bin, ['serve', '--listen', '127.0.0.1:0', '--data', join(data, 'data'), '--app-indexes', 'true'], {
     env: { ...process.env, TARN_ADMIN_PASSWORD: adminPassword, RUST_LOG: process.env.RUST_LOG ?? 'warn' },
     stdio: ['ignore', 'pipe', log],
   });

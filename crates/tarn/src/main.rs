@@ -138,7 +138,8 @@ struct ServeArgs {
     /// A TOML file with any of: listen, data, store, signup, grace_seconds,
     /// max_json_bytes, session_ttl_hours, max_properties_bytes,
     /// max_body_bytes, trusted_proxies, feed_retention_hours, max_streams,
-    /// max_streams_per_user, groups_per_hour. Flags and environment win over it.
+    /// max_streams_per_user, groups_per_hour, app_indexes. Flags and
+    /// environment win over it.
     #[arg(long, env = "TARN_CONFIG")]
     config: Option<PathBuf>,
     /// Seconds requests in flight get to finish after SIGTERM or SIGINT [default: 10].
@@ -173,6 +174,11 @@ struct ServeArgs {
     /// Groups one user may create per hour (administrators are not counted) [default: 100].
     #[arg(long, env = "TARN_GROUPS_PER_HOUR")]
     groups_per_hour: Option<u32>,
+    /// Declare the indexes the web app's pages use (chat-history: a chat
+    /// room's messages, newest first) at start, unless they exist; without
+    /// it an administrator declares them (Indexes page) [default: false].
+    #[arg(long, env = "TARN_APP_INDEXES")]
+    app_indexes: Option<bool>,
 }
 
 /// The settings a config file may hold.
@@ -193,6 +199,7 @@ struct FileConfig {
     max_streams: Option<usize>,
     max_streams_per_user: Option<usize>,
     groups_per_hour: Option<u32>,
+    app_indexes: Option<bool>,
 }
 
 #[derive(Args)]
@@ -318,6 +325,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| PathBuf::from("./tarn-data"));
     let store_url = args.store.or(file.store);
     let signup = args.signup.or(file.signup).unwrap_or(Signup::Open);
+    let app_indexes = args.app_indexes.or(file.app_indexes).unwrap_or(false);
     let grace = Duration::from_secs(args.grace_seconds.or(file.grace_seconds).unwrap_or(10));
     let trusted_proxies = match args.trusted_proxies {
         Some(t) => t,
@@ -382,10 +390,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .context("TARN_ADMIN_PASSWORD")?;
     }
     state.engine.start().await?;
-    // The web app's own index; the API works without it, so a failure is
-    // only logged.
-    if let Err(e) = tarn_server::web::declare_app_indexes(&state.engine).await {
-        tracing::warn!(error = %e, "the web app's chat-history index could not be declared");
+    // The web app's own index, when asked for; the API works without it,
+    // so a failure is only logged.
+    if app_indexes {
+        if let Err(e) = tarn_server::web::declare_app_indexes(&state.engine).await {
+            tracing::warn!(error = %e, "the web app's chat-history index could not be declared");
+        }
     }
     let app = tarn_server::app(state);
     let listener = tokio::net::TcpListener::bind(listen)

@@ -250,6 +250,8 @@ fn help_explains_every_setting() {
         "TARN_FEED_RETENTION_HOURS",
         "--max-streams",
         "--max-streams-per-user",
+        "--app-indexes",
+        "TARN_APP_INDEXES",
     ] {
         assert!(text.contains(flag), "serve --help lacks {flag}: {text}");
     }
