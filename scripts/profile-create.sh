@@ -16,7 +16,7 @@ DIR=$(mktemp -d)
 PORT=$((20000 + RANDOM % 20000))
 API=http://127.0.0.1:$PORT/api/v1
 OUT="$DIR/callgrind.out"
-TARN_ADMIN_PASSWORD=profile-admin RUST_LOG=warn valgrind --tool=callgrind --collect-atstart=no \
+TARN_ADMIN_PASSWORD=profile-admin RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
   --callgrind-out-file="$OUT" ./target/release/tarn serve --listen 127.0.0.1:$PORT --data "$DIR/data" >/dev/null 2>"$DIR/valgrind.log" &
 PID=$!
 trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR"' EXIT
