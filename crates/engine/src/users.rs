@@ -309,33 +309,44 @@ impl Engine {
     /// `<username>.<secret>`; only its hash is stored.
     pub async fn sign_in(&self, username: &str, password: &str) -> Result<(String, User)> {
         let wrong = || EngineError::Unauthenticated("wrong username or password".into());
-        let Some((user, _)) = self.retrying(|| self.read_user(username)).await? else {
-            // Spend the same time as a real check, so timing does not tell
-            // which usernames exist.
-            let _ = self.hash_password(password).await?;
-            return Err(wrong());
-        };
-        if !self.verify_password(password, &user.password_hash).await? {
-            return Err(wrong());
+        let mut attempt = 0;
+        loop {
+            let Some((user, version)) = self.retrying(|| self.read_user(username)).await? else {
+                // Spend the same time as a real check, so timing does not
+                // tell which usernames exist.
+                let _ = self.hash_password(password).await?;
+                return Err(wrong());
+            };
+            if !self.verify_password(password, &user.password_hash).await? {
+                return Err(wrong());
+            }
+            let token = format!("{}.{}", user.username, b64(&random_bytes::<32>()));
+            let hash = session_hash(&token);
+            let row = SessionRow {
+                username: user.username.clone(),
+                expires_at: self.now() + self.inner.config.session_ttl.as_micros() as i64,
+            };
+            // Guarded on the user row as read: a password reset that lands
+            // between the check and this write (and ends every session it
+            // finds) makes this write fail instead of leaving a session
+            // opened with the old password.
+            let user_key = schema::user_key(&user.username);
+            let mut b = Batch::new();
+            b.put(schema::session_key(&hash), schema::encode(&row), 1)
+                .put(
+                    schema::user_session_key(&user.username, &hash),
+                    schema::MARK.to_vec(),
+                    1,
+                )
+                .guard(user_key, Expect::Version(version));
+            match self.store().write(b).await {
+                Ok(()) => return Ok((token, user)),
+                // The user row changed meanwhile (a new password, or only
+                // new properties): check again against what it is now.
+                Err(tarn_store::StoreError::GuardFailed { .. }) if attempt < 2 => attempt += 1,
+                Err(e) => return Err(EngineError::from(e).settle()),
+            }
         }
-        let token = format!("{}.{}", user.username, b64(&random_bytes::<32>()));
-        let hash = session_hash(&token);
-        let row = SessionRow {
-            username: user.username.clone(),
-            expires_at: self.now() + self.inner.config.session_ttl.as_micros() as i64,
-        };
-        let mut b = Batch::new();
-        b.put(schema::session_key(&hash), schema::encode(&row), 1)
-            .put(
-                schema::user_session_key(&user.username, &hash),
-                schema::MARK.to_vec(),
-                1,
-            );
-        self.store()
-            .write(b)
-            .await
-            .map_err(|e| EngineError::from(e).settle())?;
-        Ok((token, user))
     }
 
     /// Ends the session of this token on every node at once.

@@ -11,7 +11,7 @@ use axum::http::header::{
     AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, IF_MATCH, ORIGIN,
 };
 use axum::http::request::Parts;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 use serde::de::DeserializeOwned;
 use tarn_engine::Caller;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
@@ -37,7 +37,7 @@ pub const CSRF_HEADER: &str = "x-tarn-csrf";
 /// the rest of the request.
 ///
 /// A bearer token wins over the cookie. The cookie is taken on a request
-/// that changes something (any method but GET, HEAD and OPTIONS) only when
+/// that changes something (any method but GET and HEAD) only when
 /// the request proves it comes from a page of this origin: it carries
 /// `X-Tarn-CSRF: 1`, and its `Origin` and `Sec-Fetch-Site`, when present,
 /// say the same origin; otherwise it is refused with `403 forbidden`.
@@ -55,7 +55,9 @@ impl<S: Send + Sync> FromRequestParts<S> for Auth {
         let Some(value) = parts.headers.get(AUTHORIZATION) else {
             return match session_cookie(&parts.headers) {
                 Some(token) => {
-                    if !parts.method.is_safe() {
+                    // Only GET and HEAD read without proof: `is_safe()`
+                    // would also let OPTIONS and TRACE through.
+                    if !matches!(parts.method, Method::GET | Method::HEAD) {
                         check_same_origin(&parts.headers)?;
                     }
                     Ok(Auth {

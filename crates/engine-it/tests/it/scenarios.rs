@@ -453,3 +453,78 @@ async fn one_winner_per_version(e: tarn_engine::Engine) {
         assert_eq!(ok, 1, "version {version}");
     }
 }
+
+/// Holds the first write that opens a session until released, so a test
+/// can land a password reset between a sign-in's check and its write.
+struct HoldFirstSession {
+    inner: MemoryStore,
+    arrived: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+    held: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl tarn_store::Store for HoldFirstSession {
+    async fn snapshot(&self) -> tarn_store::StoreResult<Box<dyn tarn_store::Snapshot>> {
+        self.inner.snapshot().await
+    }
+
+    async fn write(&self, batch: tarn_store::Batch) -> tarn_store::StoreResult<()> {
+        let opens = batch.ops.iter().any(
+            |op| matches!(op, tarn_store::Op::Put { key, .. } if key.table.name() == "sessions"),
+        );
+        if opens && !self.held.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.arrived.notify_one();
+            self.release.notified().await;
+        }
+        self.inner.write(batch).await
+    }
+
+    fn consistency(&self) -> tarn_store::Consistency {
+        self.inner.consistency()
+    }
+
+    fn feed_lag(&self) -> std::time::Duration {
+        self.inner.feed_lag()
+    }
+
+    async fn trim_feed(
+        &self,
+        feed: tarn_store::Table,
+        through: &[u8],
+        limit: usize,
+    ) -> tarn_store::StoreResult<usize> {
+        self.inner.trim_feed(feed, through, limit).await
+    }
+}
+
+/// Regression: a sign-in checked the old password, then a reset changed
+/// it and ended every session it found, then the sign-in wrote its
+/// session: a session opened with the old password outlived the reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_racing_a_sign_in_leaves_no_session_with_the_old_password() {
+    let store = Arc::new(HoldFirstSession {
+        inner: MemoryStore::new(),
+        arrived: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+        held: false.into(),
+    });
+    let e = common::engine(store.clone());
+    sign_up(&e, "ann").await;
+    let signing_in = {
+        let e = e.clone();
+        tokio::spawn(async move { e.sign_in("ann", "ann-password").await })
+    };
+    store.arrived.notified().await;
+    e.reset_password(&admin(), "ann", "a-brand-new-password")
+        .await
+        .unwrap();
+    store.release.notify_one();
+    let r = signing_in.await.unwrap();
+    assert!(
+        matches!(r, Err(EngineError::Unauthenticated(_))),
+        "the old password opened a session after the reset: {:?}",
+        r.map(|(t, _)| t)
+    );
+    assert!(e.sign_in("ann", "a-brand-new-password").await.is_ok());
+}
