@@ -86,6 +86,9 @@ pub(crate) struct Walk {
     /// read stopped.
     frontier: Vec<(String, Option<Vec<u8>>)>,
     depth: usize,
+    /// A direct membership of the start left out of the walk (its group is
+    /// still found if reached through another).
+    except: Option<(String, String)>,
     /// Whether the bound stopped the walk early.
     pub truncated: bool,
 }
@@ -98,7 +101,17 @@ impl Walk {
             seen: HashSet::new(),
             frontier: vec![(start.to_string(), None)],
             depth: 0,
+            except: None,
             truncated: false,
+        }
+    }
+
+    /// A walk from one principal as if it were not a direct member of
+    /// `group`: the groups it would still belong to after leaving it.
+    pub(crate) fn without(start: &Principal, group: &str) -> Walk {
+        Walk {
+            except: Some((start.to_string(), group.to_string())),
+            ..Walk::from(start)
         }
     }
 
@@ -133,6 +146,13 @@ impl Walk {
             for row in rows {
                 let g = std::str::from_utf8(&row.clustering)
                     .map_err(|e| crate::error::corrupt("membership", e))?;
+                if self
+                    .except
+                    .as_ref()
+                    .is_some_and(|(p, e)| *p == principal && e == g)
+                {
+                    continue;
+                }
                 if self.seen.contains(g) {
                     continue;
                 }
@@ -382,7 +402,15 @@ impl Engine {
         snap: &mut Box<dyn Snapshot>,
         start: &Principal,
     ) -> Result<Walk> {
-        let mut walk = Walk::from(start);
+        self.finish_walk(snap, Walk::from(start)).await
+    }
+
+    /// Reads the levels of `walk` to its end.
+    pub(crate) async fn finish_walk(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        mut walk: Walk,
+    ) -> Result<Walk> {
         while !walk.done() {
             let out = crate::read(snap, &[], &walk.scans()).await?;
             walk.absorb(&out.scans)?;

@@ -79,7 +79,30 @@ pub(crate) enum What {
     Member {
         /// The principal, `user:<name>` or `group:<id>`.
         principal: String,
+        /// Groups everyone reaching the principal now belongs to, as the
+        /// write read them (a join).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gained: Option<Vec<String>>,
+        /// Groups the principal, a user, no longer belongs to at all, as the
+        /// write read them (a user's leave).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lost: Option<Vec<String>>,
     },
+}
+
+/// How a membership change moves the groups of those it touches, as its
+/// write saw them. A subscriber applies it at the entry's place in the feed,
+/// so the changes before and after the entry are filtered with the groups
+/// the subscriber had then, not with whatever the store holds when the
+/// entry is read (a later leave would already be in that).
+pub(crate) enum Delta {
+    /// Everyone reaching the principal gains these groups.
+    Gained(Vec<String>),
+    /// The principal (a user) loses these groups.
+    Lost(Vec<String>),
+    /// Not known from the entry alone (a group left a group: who loses what
+    /// depends on each member's other paths): read the groups again.
+    Unknown,
 }
 
 /// Whether a change puts an item in the caller's view or removes it.
@@ -179,11 +202,18 @@ pub(crate) fn record_item(b: &mut Batch, at: i64, before: Option<&Item>, after: 
 }
 
 /// Adds the change entry of a membership change of `principal` to `b`.
-pub(crate) fn record_member(b: &mut Batch, at: i64, principal: &Principal) {
+pub(crate) fn record_member(b: &mut Batch, at: i64, principal: &Principal, delta: Delta) {
+    let (gained, lost) = match delta {
+        Delta::Gained(g) => (Some(g), None),
+        Delta::Lost(l) => (None, Some(l)),
+        Delta::Unknown => (None, None),
+    };
     let row = ChangeRow {
         at,
         what: What::Member {
             principal: principal.to_string(),
+            gained,
+            lost,
         },
     };
     b.append(CHANGES, schema::encode(&row));
@@ -240,11 +270,46 @@ fn view(entry: &FeedEntry, row: &ChangeRow, actor: &Actor, kind: Option<&str>) -
     })
 }
 
-/// Whether an entry changes the groups of one of `actor`'s principals.
-fn touches(row: &ChangeRow, actor: &Actor) -> bool {
-    match &row.what {
-        What::Member { principal } => actor.principals.iter().any(|p| p.to_string() == *principal),
-        What::Item { .. } => false,
+/// How an entry changes the groups of `actor`, if it touches one of its
+/// principals.
+fn touches(row: &ChangeRow, actor: &Actor) -> Option<Delta> {
+    let What::Member {
+        principal,
+        gained,
+        lost,
+    } = &row.what
+    else {
+        return None;
+    };
+    if !actor.principals.iter().any(|p| p.to_string() == *principal) {
+        return None;
+    }
+    Some(match (gained, lost) {
+        (Some(g), _) => Delta::Gained(g.clone()),
+        (None, Some(l)) => Delta::Lost(l.clone()),
+        (None, None) => Delta::Unknown,
+    })
+}
+
+/// `actor`'s principals moved by `delta`; `false` if the delta does not say.
+fn apply(actor: &mut Actor, delta: &Delta) -> bool {
+    match delta {
+        Delta::Gained(groups) => {
+            for g in groups {
+                let p = Principal::Group(g.clone());
+                if !actor.principals.contains(&p) {
+                    actor.principals.push(p);
+                }
+            }
+            true
+        }
+        Delta::Lost(groups) => {
+            actor
+                .principals
+                .retain(|p| !matches!(p, Principal::Group(g) if groups.contains(g)));
+            true
+        }
+        Delta::Unknown => false,
     }
 }
 
@@ -631,7 +696,7 @@ impl Subscription {
             }
             if self.checked.elapsed() > Duration::from_secs(30) {
                 // A signed-out session's stream ends within this long.
-                self.refresh().await?;
+                self.refresh(false).await?;
             }
             if self.pulling {
                 self.pull().await?;
@@ -660,8 +725,10 @@ impl Subscription {
             return Ok(());
         }
         self.last = Some(entry.cursor.clone());
-        if touches(row, &self.actor) {
-            self.refresh().await?;
+        if let Some(delta) = touches(row, &self.actor) {
+            if !apply(&mut self.actor, &delta) {
+                self.refresh(true).await?;
+            }
             self.pending.push_back(Event::Resync);
             return Ok(());
         }
@@ -671,16 +738,23 @@ impl Subscription {
         Ok(())
     }
 
-    /// Reads the caller's principals again (and checks the session).
-    async fn refresh(&mut self) -> Result<()> {
+    /// Checks the caller's session, and with `regroup` takes the groups the
+    /// store holds now. Without it the subscriber keeps the groups it
+    /// tracks entry by entry: the store may already hold a membership change
+    /// whose entry the stream has not reached, and the changes before that
+    /// entry must be filtered with the groups from before it.
+    async fn refresh(&mut self, regroup: bool) -> Result<()> {
         let engine = self.engine.clone();
         let caller = self.caller.clone();
-        self.actor = engine
+        let now = engine
             .retrying(|| async {
                 let mut snap = engine.snapshot().await?;
                 Ok(engine.resolve(&mut snap, &caller, &[], &[]).await?.0)
             })
             .await?;
+        if regroup {
+            self.actor = now;
+        }
         self.checked = std::time::Instant::now();
         Ok(())
     }

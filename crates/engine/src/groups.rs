@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use tarn_store::{Batch, Expect, Key, Scan, Snapshot, SnapshotExt};
 
 use crate::actor::{Actor, MAX_DEPTH, MAX_GROUPS};
+use crate::changes::Delta;
 use crate::error::{EngineError, Result};
 use crate::model::check_name;
 use crate::schema::{self, MEMBERS, MEMBERSHIPS, THROTTLE};
@@ -306,7 +307,10 @@ impl Engine {
                 schema::MARK.to_vec(),
                 1,
             );
-            crate::changes::record_member(&mut b, self.now(), member);
+            let gained = std::iter::once(id.to_string())
+                .chain(above.found.iter().cloned())
+                .collect();
+            crate::changes::record_member(&mut b, self.now(), member, Delta::Gained(gained));
             self.write_changes(b).await?;
             Ok(())
         })
@@ -337,11 +341,41 @@ impl Engine {
         let m = member.to_string();
         let mut b = Batch::new();
         b.delete(member_key(id, &m)).delete(membership_key(&m, id));
-        crate::changes::record_member(&mut b, self.now(), &member);
+        crate::changes::record_member(&mut b, self.now(), &member, Delta::Unknown);
         self.retrying(|| self.write_changes(b.clone())).await?;
         Err(EngineError::Conflict(format!(
             "{member} came to contain {id} meanwhile: the membership would make a cycle"
         )))
+    }
+
+    /// What a user loses by leaving `id`: the groups it reaches now and
+    /// would not reach without that membership. A group's leave says
+    /// nothing: each of its members may reach `id` another way.
+    async fn lost_by_leaving(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        member: &Principal,
+        id: &str,
+    ) -> Result<Delta> {
+        if !matches!(member, Principal::User(_)) {
+            return Ok(Delta::Unknown);
+        }
+        let before = self.groups_of(snap, member).await?;
+        let after = self
+            .finish_walk(snap, crate::actor::Walk::without(member, id))
+            .await?;
+        if before.truncated || after.truncated {
+            return Ok(Delta::Unknown);
+        }
+        let kept: BTreeSet<&String> = after.found.iter().collect();
+        Ok(Delta::Lost(
+            before
+                .found
+                .iter()
+                .filter(|g| !kept.contains(g))
+                .cloned()
+                .collect(),
+        ))
     }
 
     /// How many levels of groups lie above `group` (0: it is in no group).
@@ -372,11 +406,12 @@ impl Engine {
                     "only a manager of {id} may change it"
                 )));
             }
+            let delta = self.lost_by_leaving(&mut snap, member, id).await?;
             drop(snap);
             let m = member.to_string();
             let mut b = Batch::new();
             b.delete(member_key(id, &m)).delete(membership_key(&m, id));
-            crate::changes::record_member(&mut b, self.now(), member);
+            crate::changes::record_member(&mut b, self.now(), member, delta);
             self.write_changes(b).await?;
             Ok(())
         })
