@@ -424,8 +424,9 @@ export interface paths {
          * Sign in the web app: a session in an HttpOnly cookie
          * @description The same check as `POST /api/v1/sessions`, but the session's token is
          *     never shown to script: it is set as the cookie `tarn_session`
-         *     (`HttpOnly; SameSite=Strict; Path=/`, and `Secure` when a trusted proxy
-         *     says the client spoke HTTPS), which the server takes on every request
+         *     (`HttpOnly; SameSite=Strict; Path=/`), or, when a trusted proxy says
+         *     the client spoke HTTPS, `__Host-tarn_session` with `Secure` (which no
+         *     other site or subdomain can plant); the server takes it on every request
          *     without `Authorization`. Requests signed in by the cookie that change
          *     something must carry `X-Tarn-CSRF: 1` and come from this origin.
          */
@@ -448,9 +449,10 @@ export interface paths {
         post?: never;
         /**
          * End this session on every node
-         * @description Ends the session of the bearer token, or of the web app's session
-         *     cookie; a request that presented the cookie is answered with a
-         *     `Set-Cookie` that clears it, whatever the outcome.
+         * @description Ends the session of the bearer token, and the session of the web app's
+         *     cookie when the request presents one (both, when it presents both); a
+         *     request that presented the cookie is answered with a `Set-Cookie` that
+         *     clears it, whatever the outcome.
          */
         delete: operations["signOut"];
         options?: never;
@@ -3032,7 +3034,7 @@ export interface operations {
             /** @description Signed in; the session is in the cookie */
             201: {
                 headers: {
-                    /** @description `tarn_session=<token>; Path=/; HttpOnly; SameSite=Strict; Max-Age=<seconds>`, plus `Secure` over HTTPS */
+                    /** @description `tarn_session=<token>; Path=/; HttpOnly; SameSite=Strict; Max-Age=<seconds>`; over HTTPS `__Host-tarn_session=<token>; …; Secure` */
                     "Set-Cookie"?: string;
                     [name: string]: unknown;
                 };

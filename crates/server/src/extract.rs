@@ -23,8 +23,24 @@ use crate::error::{ApiError, ApiResult, Code};
 use crate::json::TOKEN;
 use crate::AppState;
 
-/// The name of the web app's session cookie.
+/// The name of the web app's session cookie over plain HTTP.
 pub const SESSION_COOKIE: &str = "tarn_session";
+
+/// The name of the session cookie when a trusted proxy says the client
+/// spoke HTTPS. A browser keeps a `__Host-` cookie only if it was set
+/// `Secure`, with `Path=/` and no `Domain`, by this very host over HTTPS,
+/// so neither a sibling subdomain nor a plain-HTTP attacker can plant one
+/// (session fixation); over HTTPS the server reads no other.
+pub const SECURE_SESSION_COOKIE: &str = "__Host-tarn_session";
+
+/// The session cookie's name for a request over TLS or not.
+pub fn session_cookie_name(tls: bool) -> &'static str {
+    if tls {
+        SECURE_SESSION_COOKIE
+    } else {
+        SESSION_COOKIE
+    }
+}
 
 /// The header a cookie-authenticated request that changes something must
 /// carry (with the value `1`). A page of another site cannot send it
@@ -48,17 +64,18 @@ pub struct Auth {
     pub by_cookie: bool,
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for Auth {
+impl FromRequestParts<AppState> for Auth {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<Auth> {
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> ApiResult<Auth> {
         let Some(value) = parts.headers.get(AUTHORIZATION) else {
-            return match session_cookie(&parts.headers) {
+            let via = Via::of(parts, s);
+            return match session_cookie(&parts.headers, via.tls) {
                 Some(token) => {
                     // Only GET and HEAD read without proof: `is_safe()`
                     // would also let OPTIONS and TRACE through.
                     if !matches!(parts.method, Method::GET | Method::HEAD) {
-                        check_same_origin(&parts.headers)?;
+                        check_same_origin(&parts.headers, via.proxied)?;
                     }
                     Ok(Auth {
                         caller: Caller::Token(token),
@@ -87,24 +104,37 @@ impl<S: Send + Sync> FromRequestParts<S> for Auth {
     }
 }
 
-/// The session token of the `tarn_session` cookie, if one of the `Cookie`
-/// headers holds a plausible one (a malformed value is no credential).
-pub fn session_cookie(headers: &HeaderMap) -> Option<String> {
-    headers
+/// The session token of the session cookie (`__Host-tarn_session` over
+/// TLS, `tarn_session` otherwise), if the `Cookie` headers hold exactly one
+/// plausible value of it. A malformed value is no credential, and neither
+/// are two different ones: a browser sends a cookie planted for a parent
+/// domain beside the server's own, in an order the server cannot trust.
+pub fn session_cookie(headers: &HeaderMap, tls: bool) -> Option<String> {
+    let name = session_cookie_name(tls);
+    let mut found: Option<&str> = None;
+    let pairs = headers
         .get_all(COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == SESSION_COOKIE)
-        .map(|(_, value)| value.trim().trim_matches('"').to_string())
+        .filter_map(|pair| pair.trim().split_once('='));
+    for (_, value) in pairs.filter(|(n, _)| *n == name) {
+        let value = value.trim().trim_matches('"');
+        match found {
+            Some(f) if f != value => return None,
+            _ => found = Some(value),
+        }
+    }
+    found
         .filter(|t| !t.is_empty() && t.len() <= 256 && t.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
 }
 
 /// Refuses a request that does not prove it comes from a page of this
 /// origin: `X-Tarn-CSRF: 1`, and, when the browser says, a same-origin
-/// `Sec-Fetch-Site` and an `Origin` naming this host.
-pub fn check_same_origin(headers: &HeaderMap) -> ApiResult<()> {
+/// `Sec-Fetch-Site` and an `Origin` naming this host (`Host`, or
+/// `X-Forwarded-Host` when the request came `proxied` by a trusted proxy).
+pub fn check_same_origin(headers: &HeaderMap, proxied: bool) -> ApiResult<()> {
     let refuse = |why: &str| {
         Err(ApiError::new(
             Code::Forbidden,
@@ -128,7 +158,7 @@ pub fn check_same_origin(headers: &HeaderMap) -> ApiResult<()> {
         let host = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         let same = authority.is_some_and(|a| {
             host(HOST.as_str()).is_some_and(|h| h.eq_ignore_ascii_case(a))
-                || host(X_FORWARDED_HOST).is_some_and(|h| h.eq_ignore_ascii_case(a))
+                || (proxied && host(X_FORWARDED_HOST).is_some_and(|h| h.eq_ignore_ascii_case(a)))
         });
         if !same {
             return refuse("Origin names another site");
@@ -140,24 +170,39 @@ pub fn check_same_origin(headers: &HeaderMap) -> ApiResult<()> {
 /// `X-Forwarded-Host`, as a proxy in front of the server sets it.
 const X_FORWARDED_HOST: &str = "x-forwarded-host";
 
-/// Whether the request reached the client's side over TLS: only a trusted
-/// proxy can say so (`X-Forwarded-Proto: https` or `Forwarded: proto=https`),
-/// since the server itself speaks plain HTTP. Session cookies are marked
-/// `Secure` when it is.
-pub struct OverTls(pub bool);
+/// How a request reached the server: whether its peer is a trusted proxy
+/// (only then are its forwarding headers believed), and whether such a
+/// proxy says the client spoke HTTPS.
+#[derive(Clone, Copy, Debug)]
+pub struct Via {
+    /// The peer is one of the configured trusted proxies.
+    pub proxied: bool,
+    /// A trusted proxy says the client spoke HTTPS.
+    pub tls: bool,
+}
 
-impl FromRequestParts<AppState> for OverTls {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> ApiResult<OverTls> {
-        let from_trusted = parts
+impl Via {
+    /// How the request of `parts` came.
+    pub fn of(parts: &Parts, s: &AppState) -> Via {
+        let proxied = parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .is_some_and(|c| {
                 let peer = c.0.ip();
                 s.config.trusted_proxies.iter().any(|t| t.contains(peer))
             });
-        Ok(OverTls(from_trusted && says_https(&parts.headers)))
+        Via {
+            proxied,
+            tls: proxied && says_https(&parts.headers),
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Via {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> ApiResult<Via> {
+        Ok(Via::of(parts, s))
     }
 }
 

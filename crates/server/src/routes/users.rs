@@ -14,7 +14,7 @@ use crate::error::{
     TooManyRequests, Unauthorized, UnsupportedMediaType,
 };
 use crate::extract::{
-    check_same_origin, session_cookie, Auth, ClientAddr, JsonBody, OverTls, Path, SESSION_COOKIE,
+    check_same_origin, session_cookie, session_cookie_name, Auth, ClientAddr, JsonBody, Path, Via,
 };
 use crate::json::{self, Name, Time};
 use crate::routes::reply;
@@ -124,9 +124,10 @@ pub async fn sign_in(
 
 /// End this session on every node
 ///
-/// Ends the session of the bearer token, or of the web app's session
-/// cookie; a request that presented the cookie is answered with a
-/// `Set-Cookie` that clears it, whatever the outcome.
+/// Ends the session of the bearer token, and the session of the web app's
+/// cookie when the request presents one (both, when it presents both); a
+/// request that presented the cookie is answered with a `Set-Cookie` that
+/// clears it, whatever the outcome.
 #[utoipa::path(
     delete, path = "/api/v1/sessions/current", tag = "users", operation_id = "signOut",
     security(("bearer" = [])),
@@ -137,16 +138,42 @@ pub async fn sign_in(
         Unauthorized, ServiceUnavailable,
     ),
 )]
-pub async fn sign_out(State(s): State<AppState>, headers: HeaderMap, auth: Auth) -> Response {
-    let mut res = match s.engine.sign_out(&auth.caller).await {
+pub async fn sign_out(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    via: Via,
+    auth: Auth,
+) -> Response {
+    let mut outcome = s.engine.sign_out(&auth.caller).await;
+    let cookie = session_cookie(&headers, via.tls);
+    if let (false, Some(token), Ok(())) = (auth.by_cookie, cookie, &outcome) {
+        // The bearer token was the credential; the cookie's session ends
+        // too, or a shared machine's browser would stay signed in. A
+        // cookie whose session is already gone has nothing to end.
+        outcome = match s.engine.sign_out(&tarn_engine::Caller::Token(token)).await {
+            Err(tarn_engine::EngineError::Unauthenticated(_)) => Ok(()),
+            other => other,
+        };
+    }
+    let mut res = match outcome {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => crate::error::ApiError::from(e).into_response(),
     };
-    if session_cookie(&headers).is_some() {
-        res.headers_mut().append(
-            header::SET_COOKIE,
-            HeaderValue::from_static("tarn_session=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
-        );
+    let name = session_cookie_name(via.tls);
+    let presented = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| {
+            v.split(';')
+                .any(|p| p.trim().starts_with(&format!("{name}=")))
+        });
+    if presented {
+        let secure = if via.tls { "; Secure" } else { "" };
+        let clear = format!("{name}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}");
+        if let Ok(v) = HeaderValue::from_str(&clear) {
+            res.headers_mut().append(header::SET_COOKIE, v);
+        }
     }
     res
 }
@@ -176,8 +203,9 @@ impl IntoParams for CsrfHeader {
 ///
 /// The same check as `POST /api/v1/sessions`, but the session's token is
 /// never shown to script: it is set as the cookie `tarn_session`
-/// (`HttpOnly; SameSite=Strict; Path=/`, and `Secure` when a trusted proxy
-/// says the client spoke HTTPS), which the server takes on every request
+/// (`HttpOnly; SameSite=Strict; Path=/`), or, when a trusted proxy says
+/// the client spoke HTTPS, `__Host-tarn_session` with `Secure` (which no
+/// other site or subdomain can plant); the server takes it on every request
 /// without `Authorization`. Requests signed in by the cookie that change
 /// something must carry `X-Tarn-CSRF: 1` and come from this origin.
 #[utoipa::path(
@@ -186,7 +214,7 @@ impl IntoParams for CsrfHeader {
     request_body = json::SignIn,
     responses(
         (status = 201, description = "Signed in; the session is in the cookie", body = json::User, headers(
-            ("Set-Cookie" = String, description = "`tarn_session=<token>; Path=/; HttpOnly; SameSite=Strict; Max-Age=<seconds>`, plus `Secure` over HTTPS"),
+            ("Set-Cookie" = String, description = "`tarn_session=<token>; Path=/; HttpOnly; SameSite=Strict; Max-Age=<seconds>`; over HTTPS `__Host-tarn_session=<token>; …; Secure`"),
         )),
         BadRequest, Unauthorized, Forbidden, PayloadTooLarge, UnsupportedMediaType, TooManyRequests,
         ServiceUnavailable,
@@ -195,7 +223,7 @@ impl IntoParams for CsrfHeader {
 pub async fn sign_in_cookie(
     State(s): State<AppState>,
     ClientAddr(addr): ClientAddr,
-    OverTls(tls): OverTls,
+    via: Via,
     headers: HeaderMap,
     JsonBody(body): JsonBody<json::SignIn>,
 ) -> ApiResult<Response> {
@@ -207,15 +235,16 @@ pub async fn sign_in_cookie(
             ))
         }
     }
-    check_same_origin(&headers)?;
+    check_same_origin(&headers, via.proxied)?;
     let (token, user) = s
         .engine
         .sign_in_throttled(&body.username, &body.password, addr.as_deref())
         .await?;
     let max_age = s.engine.config().session_ttl.as_secs();
-    let secure = if tls { "; Secure" } else { "" };
+    let secure = if via.tls { "; Secure" } else { "" };
     let cookie = format!(
-        "{SESSION_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+        "{}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}",
+        session_cookie_name(via.tls)
     );
     let mut res = reply(StatusCode::CREATED, &json::User::from(&user));
     res.headers_mut().insert(

@@ -142,6 +142,180 @@ async fn the_cookie_is_secure_only_when_a_trusted_proxy_says_https() {
     assert!(!secure(&r));
 }
 
+/// A request as it arrives from `peer`, with `headers`.
+fn from_peer(
+    method: Method,
+    uri: &str,
+    peer: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> Request<Body> {
+    let mut req = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if body.is_some() {
+        req = req.header("content-type", "application/json");
+    }
+    let mut req = req
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .unwrap();
+    let peer: SocketAddr = format!("{peer}:5000").parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(peer));
+    req
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_cookie_is_host_only_and_forwarded_host_believed() {
+    let app = TestApp::with(ServerConfig {
+        trusted_proxies: vec!["127.0.0.1".parse().unwrap()],
+        ..ServerConfig::default()
+    })
+    .await;
+    app.user("alice").await;
+    let https = [("x-forwarded-proto", "https"), ("x-tarn-csrf", "1")];
+    let r = app
+        .raw(from_peer(
+            Method::POST,
+            "/api/v1/sessions/cookie",
+            "127.0.0.1",
+            &https,
+            Some(json!({"username": "alice", "password": "alice-password"})),
+        ))
+        .await
+        .expect(201);
+    let set = r.header("set-cookie").unwrap().to_string();
+    assert!(set.starts_with("__Host-tarn_session=alice."), "{set}");
+    assert!(set.contains("; Secure") && set.contains("Path=/") && !set.contains("Domain"));
+    let pair = cookie_pair(&r);
+    let token = pair
+        .strip_prefix("__Host-tarn_session=")
+        .unwrap()
+        .to_string();
+    let me = |cookie: String| {
+        app.raw(from_peer(
+            Method::GET,
+            "/api/v1/me",
+            "127.0.0.1",
+            &[("x-forwarded-proto", "https"), ("cookie", cookie.as_str())],
+            None,
+        ))
+    };
+    let r = me(pair.clone()).await.expect(200);
+    assert_eq!(r.json()["username"], "alice");
+    // Over HTTPS a plain `tarn_session` (which a sibling subdomain or a
+    // plain-HTTP attacker could plant) is no credential.
+    me(format!("tarn_session={token}")).await.expect(401);
+    // Writes from the proxied site's pages: the proxy's X-Forwarded-Host
+    // names the origin; from a peer that is no trusted proxy it does not.
+    let write = |peer: &'static str| {
+        let cookie = pair.clone();
+        let app = &app;
+        async move {
+            app.raw(from_peer(
+                Method::POST,
+                "/api/v1/items",
+                peer,
+                &[
+                    ("x-forwarded-proto", "https"),
+                    ("cookie", cookie.as_str()),
+                    ("x-tarn-csrf", "1"),
+                    ("host", "127.0.0.1:7700"),
+                    ("x-forwarded-host", "tarn.example"),
+                    ("origin", "https://tarn.example"),
+                ],
+                Some(json!({"kind": "document"})),
+            ))
+            .await
+        }
+    };
+    write("127.0.0.1").await.expect(201);
+    // (From elsewhere the cookie is read as `tarn_session`, absent here.)
+    write("10.9.9.9").await.expect(401);
+    let mut plain = pair.replace("__Host-", "");
+    plain.push_str("; x=1");
+    let r = app
+        .raw(from_peer(
+            Method::POST,
+            "/api/v1/items",
+            "10.9.9.9",
+            &[
+                ("cookie", plain.as_str()),
+                ("x-tarn-csrf", "1"),
+                ("host", "127.0.0.1:7700"),
+                ("x-forwarded-host", "tarn.example"),
+                ("origin", "https://tarn.example"),
+            ],
+            Some(json!({"kind": "document"})),
+        ))
+        .await
+        .expect(403);
+    assert_eq!(r.json()["type"], "forbidden");
+}
+
+/// Regression: the first of two same-named session cookies won, so a
+/// cookie planted for a parent domain (sent first) signed the victim in as
+/// the attacker (session fixation).
+#[tokio::test]
+async fn two_different_session_cookies_are_no_credential() {
+    let app = TestApp::new().await;
+    let alice = browser(&app, "alice").await;
+    let mallory = browser(&app, "mallory").await;
+    let me = |cookie: String| {
+        let app = &app;
+        async move {
+            app.call_with(
+                Method::GET,
+                "/api/v1/me",
+                None,
+                None,
+                &[("cookie", cookie.as_str())],
+            )
+            .await
+        }
+    };
+    me(format!("{mallory}; {alice}")).await.expect(401);
+    me(format!("{alice}; theme=dark; {mallory}"))
+        .await
+        .expect(401);
+    // The same cookie twice is still that session.
+    let r = me(format!("{alice}; {alice}")).await.expect(200);
+    assert_eq!(r.json()["username"], "alice");
+}
+
+#[tokio::test]
+async fn signing_out_with_a_token_and_the_cookie_ends_both_sessions() {
+    let app = TestApp::new().await;
+    let cookie = browser(&app, "alice").await;
+    let token = app.sign_in("alice", "alice-password").await;
+    let r = app
+        .call_with(
+            Method::DELETE,
+            "/api/v1/sessions/current",
+            Some(&token),
+            None,
+            &[("cookie", cookie.as_str())],
+        )
+        .await
+        .expect(204);
+    assert!(r
+        .header("set-cookie")
+        .unwrap()
+        .starts_with("tarn_session=;"));
+    app.call(Method::GET, "/api/v1/me", Some(&token), None)
+        .await
+        .expect(401);
+    app.call_with(
+        Method::GET,
+        "/api/v1/me",
+        None,
+        None,
+        &[("cookie", cookie.as_str())],
+    )
+    .await
+    .expect(401);
+}
+
 #[tokio::test]
 async fn the_cookie_signs_in_reads_and_the_bearer_token_wins() {
     let app = TestApp::new().await;
@@ -238,16 +412,18 @@ async fn writes_signed_in_by_cookie_need_the_csrf_proofs() {
     .await
     .expect(201);
     assert_eq!(r.json()["createdBy"], "alice");
-    // Behind a proxy that rewrites Host, X-Forwarded-Host names the origin.
+    // X-Forwarded-Host is believed only from a trusted proxy (see
+    // behind_a_trusted_proxy_the_cookie_is_host_only_and_forwarded_host_believed);
+    // a client cannot name its own site as this one.
     create(vec![
         c(),
         csrf(),
         ("host", "127.0.0.1:7700".into()),
-        ("x-forwarded-host", "tarn.example".into()),
-        ("origin", "https://tarn.example".into()),
+        ("x-forwarded-host", "evil.example".into()),
+        ("origin", "https://evil.example".into()),
     ])
     .await
-    .expect(201);
+    .expect(403);
     create(vec![c(), csrf()]).await.expect(201);
     // Reads need no proof; a bearer token needs none either.
     app.call_with(
