@@ -135,12 +135,49 @@ pub(crate) struct SessionRow {
 
 /// An item as stored: the item and the declarations version its index rows
 /// were computed with.
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(serde::Serialize)]
 pub(crate) struct ItemRow {
     #[serde(flatten)]
     pub item: crate::Item,
     /// The index declarations version this item's rows follow.
     pub stamp: u64,
+}
+
+/// Read without `#[serde(flatten)]`, which buffers the whole row into an
+/// intermediate tree and reads it again (callgrind: a sixth of an item
+/// read). The same fields, read once.
+impl<'de> serde::Deserialize<'de> for ItemRow {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<ItemRow, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Flat {
+            id: String,
+            kind: String,
+            properties: serde_json::Map<String, serde_json::Value>,
+            version: u64,
+            created_by: String,
+            created_at: i64,
+            modified_at: i64,
+            body: Option<crate::BodyMeta>,
+            acl: Vec<crate::Grant>,
+            stamp: u64,
+        }
+        let f = Flat::deserialize(d)?;
+        Ok(ItemRow {
+            item: crate::Item {
+                id: f.id,
+                kind: f.kind,
+                properties: f.properties,
+                version: f.version,
+                created_by: f.created_by,
+                created_at: f.created_at,
+                modified_at: f.modified_at,
+                body: f.body,
+                acl: f.acl,
+            },
+            stamp: f.stamp,
+        })
+    }
 }
 
 pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
