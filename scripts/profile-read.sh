@@ -18,7 +18,7 @@ OUT="$DIR/callgrind.out"
 TARN_ADMIN_PASSWORD=profile-admin RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
   --callgrind-out-file="$OUT" ./target/release/tarn serve --listen 127.0.0.1:$PORT --data "$DIR/data" >/dev/null 2>"$DIR/valgrind.log" &
 PID=$!
-trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR"' EXIT
+trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $DIR" || rm -rf "$DIR"' EXIT
 for _ in $(seq 1 600); do curl -sf $API/health >/dev/null && break; sleep 0.2; done
 J='content-type: application/json'
 token() { curl -s -XPOST $API/sessions -H "$J" -d "{\"username\":\"$1\",\"password\":\"$2\"}" | python3 -c 'import sys,json;print(json.load(sys.stdin)["token"])'; }

@@ -45,8 +45,14 @@ pub enum Principal {
 impl fmt::Display for Principal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Principal::User(u) => write!(f, "user:{u}"),
-            Principal::Group(g) => write!(f, "group:{g}"),
+            Principal::User(u) => {
+                f.write_str("user:")?;
+                f.write_str(u)
+            }
+            Principal::Group(g) => {
+                f.write_str("group:")?;
+                f.write_str(g)
+            }
             Principal::Authenticated => f.write_str("authenticated"),
             Principal::Everyone => f.write_str("everyone"),
         }
@@ -74,16 +80,39 @@ impl FromStr for Principal {
     }
 }
 
+// Principals are in every stored item's ACL and every listed item: written
+// and read as plain strings, without the formatting machinery or a
+// temporary `String`.
 impl Serialize for Principal {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        let named = |prefix: &str, name: &str| {
+            let mut out = String::with_capacity(prefix.len() + name.len());
+            out.push_str(prefix);
+            out.push_str(name);
+            out
+        };
+        match self {
+            Principal::User(u) => s.serialize_str(&named("user:", u)),
+            Principal::Group(g) => s.serialize_str(&named("group:", g)),
+            Principal::Authenticated => s.serialize_str("authenticated"),
+            Principal::Everyone => s.serialize_str("everyone"),
+        }
     }
 }
 
 impl<'de> Deserialize<'de> for Principal {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Principal, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+        struct Text;
+        impl serde::de::Visitor<'_> for Text {
+            type Value = Principal;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a principal: user:<name>, group:<id>, authenticated or everyone")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Principal, E> {
+                v.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Text)
     }
 }
 
