@@ -13,8 +13,10 @@
 //!   store, from its own last cursor, then listens again.
 //! - An entry names the principals that could read the item before and
 //!   after the write, and the item as it is after it; a membership entry
-//!   names the principal whose groups changed, so a subscriber among them
-//!   reads its principals again and tells its client to resync.
+//!   names the principal whose groups changed and, when the write can say,
+//!   the groups gained or lost: a subscriber among them applies that at the
+//!   entry's place and tells its client to resync (`Subscription::check`
+//!   says when it reads its groups from the store instead).
 //! - Entries older than the retention are trimmed in bounded batches; a
 //!   cursor older than the last trimmed entry is answered [`EngineError::Gone`].
 
@@ -45,6 +47,8 @@ const READ_BATCH: usize = 256;
 const PULL_BUDGET: usize = 10_000;
 /// Entries the hub's channel holds for slow subscribers.
 const CHANNEL: usize = 4096;
+/// How often a stream checks its caller's session and groups.
+const CHECK_EVERY: Duration = Duration::from_secs(30);
 /// Stripes of the per-user stream counts.
 const STRIPES: usize = 64;
 
@@ -398,8 +402,13 @@ pub struct Subscription {
     /// cursor, or a fall-back after lagging).
     pulling: bool,
     pending: VecDeque<Event>,
-    /// When the caller's session was last checked.
-    checked: std::time::Instant,
+    /// When to check the caller's session and groups next.
+    due: std::time::Instant,
+    /// Whether the tracked groups may hold more than the caller has (a
+    /// membership entry that did not say what changed): until they are
+    /// read again at a place where the stream has caught up, they are only
+    /// ever narrowed.
+    unsure: bool,
     _slot: StreamSlot,
 }
 
@@ -524,7 +533,8 @@ impl Engine {
             pulling: last.is_some(),
             last,
             pending,
-            checked: std::time::Instant::now(),
+            due: std::time::Instant::now() + CHECK_EVERY,
+            unsure: false,
             _slot: slot,
         })
     }
@@ -697,15 +707,18 @@ impl Subscription {
             if let Some(e) = self.pending.pop_front() {
                 return Ok(e);
             }
-            if self.checked.elapsed() > Duration::from_secs(30) {
+            if std::time::Instant::now() >= self.due {
                 // A signed-out session's stream ends within this long.
-                self.refresh(false).await?;
+                self.check().await?;
             }
             if self.pulling {
                 self.pull().await?;
                 continue;
             }
-            let got = tokio::time::timeout(Duration::from_secs(30), self.rx.recv()).await;
+            let wait = self
+                .due
+                .saturating_duration_since(std::time::Instant::now());
+            let got = tokio::time::timeout(wait, self.rx.recv()).await;
             match got {
                 Err(_) => continue,
                 Ok(Ok(e)) => self.take(&e.entry, &e.row).await?,
@@ -730,7 +743,8 @@ impl Subscription {
         self.last = Some(entry.cursor.clone());
         if let Some(delta) = touches(row, &self.actor) {
             if !apply(&mut self.actor, &delta) {
-                self.refresh(true).await?;
+                self.unsure = true;
+                self.check().await?;
             }
             self.pending.push_back(Event::Resync);
             return Ok(());
@@ -741,24 +755,43 @@ impl Subscription {
         Ok(())
     }
 
-    /// Checks the caller's session, and with `regroup` takes the groups the
-    /// store holds now. Without it the subscriber keeps the groups it
-    /// tracks entry by entry: the store may already hold a membership change
-    /// whose entry the stream has not reached, and the changes before that
-    /// entry must be filtered with the groups from before it.
-    async fn refresh(&mut self, regroup: bool) -> Result<()> {
+    /// Checks the caller's session and groups against the store.
+    ///
+    /// The stream tracks its groups entry by entry (a membership entry says
+    /// what a join gained or a leave lost), because the store may already
+    /// hold a membership change whose entry the stream has not reached, and
+    /// the changes before that entry must be filtered with the groups from
+    /// before it. The store's groups are taken as they are only where they
+    /// describe the stream's place: when the same snapshot has no entry the
+    /// stream has not handled. That also corrects what entries cannot say
+    /// exactly (two membership changes of one caller written at once each
+    /// compute their delta without the other's). Elsewhere the tracked
+    /// groups stay, narrowed to the store's when they are unsure, and the
+    /// check comes again in a second.
+    async fn check(&mut self) -> Result<()> {
         let engine = self.engine.clone();
         let caller = self.caller.clone();
-        let now = engine
+        let last = self.last.clone();
+        let (now, behind) = engine
             .retrying(|| async {
                 let mut snap = engine.snapshot().await?;
-                Ok(engine.resolve(&mut snap, &caller, &[], &[]).await?.0)
+                let (actor, _) = engine.resolve(&mut snap, &caller, &[], &[]).await?;
+                let unread = snap.read_feed(CHANGES, last.as_deref(), 1).await?;
+                Ok((actor, !unread.is_empty()))
             })
             .await?;
-        if regroup {
+        if !behind {
             self.actor = now;
+            self.unsure = false;
+            self.due = std::time::Instant::now() + CHECK_EVERY;
+            return Ok(());
         }
-        self.checked = std::time::Instant::now();
+        if self.unsure {
+            self.actor.principals.retain(|p| now.principals.contains(p));
+        }
+        self.actor.admin = now.admin;
+        self.actor.user = now.user;
+        self.due = std::time::Instant::now() + Duration::from_secs(1);
         Ok(())
     }
 

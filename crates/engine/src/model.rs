@@ -81,8 +81,8 @@ impl FromStr for Principal {
 }
 
 // Principals are in every stored item's ACL and every listed item: written
-// and read as plain strings, without the formatting machinery or a
-// temporary `String`.
+// and read as plain strings, without the formatting machinery (and read
+// without a temporary `String`).
 impl Serialize for Principal {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let named = |prefix: &str, name: &str| {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{HeaderValue, Method};
+use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -157,6 +157,12 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
     let route = route.as_deref().unwrap_or("unmatched");
     let micros = latency.as_micros() as u64;
     match res.extensions().get::<ErrorCause>() {
+        // 503: the store or a bounded queue said "later" (overload is
+        // answered by design); the client is told to retry.
+        Some(cause) if status == StatusCode::SERVICE_UNAVAILABLE => tracing::warn!(
+            request_id = %request_id, method = %method, route, status = status.as_u16(),
+            latency_us = micros, cause = %cause.0, "request refused for now"
+        ),
         Some(cause) => tracing::error!(
             request_id = %request_id, method = %method, route, status = status.as_u16(),
             latency_us = micros, cause = %cause.0, "request failed"

@@ -66,7 +66,7 @@ impl Modify for Security {
             "cookie",
             SecurityScheme::ApiKey(ApiKey::Cookie(ApiKeyValue::with_description(
                 crate::extract::SESSION_COOKIE,
-                "The web app's session: the HttpOnly cookie set by `POST /api/v1/sessions/cookie`. A bearer token wins over it. A request signed in by it that changes something (any method but GET and HEAD) must carry `X-Tarn-CSRF: 1`, and its `Origin` and `Sec-Fetch-Site`, when present, must name this origin; otherwise `403 forbidden`.",
+                "The web app's session: the HttpOnly cookie set by `POST /api/v1/sessions/cookie` (named `__Host-tarn_session` when a trusted proxy says the client spoke HTTPS). A bearer token wins over it; two different session cookies in one request are no credential. A request signed in by it that changes something (any method but GET and HEAD) must carry `X-Tarn-CSRF: 1`, and its `Origin` and `Sec-Fetch-Site`, when present, must name this origin; otherwise `403 forbidden`.",
             ))),
         );
     }

@@ -296,7 +296,10 @@ fn configure(conn: &Connection, options: &SqliteOptions) -> rusqlite::Result<()>
     // (callgrind: `sqlite3Reprepare` was 29% of an item read's
     // instructions). Every statement here is a primary-key lookup or range
     // whose plan does not depend on the values.
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     Ok(())
 }
 

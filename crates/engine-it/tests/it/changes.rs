@@ -292,6 +292,52 @@ async fn a_join_read_after_the_leave_still_delivers_what_came_between() {
     no_event(&mut sub).await;
 }
 
+/// A group leaving a group says nothing of who loses what: a stream behind
+/// the store narrows its groups to the store's at that entry, so nothing
+/// shared with the group left reaches it afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_leaving_a_group_narrows_a_lagging_stream() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    for g in ["team", "hall"] {
+        e.create_group(&ann, g, None, Default::default())
+            .await
+            .unwrap();
+    }
+    e.add_member(&ann, "team", &user("bob")).await.unwrap();
+    e.add_member(&ann, "hall", &Principal::Group("team".into()))
+        .await
+        .unwrap();
+    // Subscribed now, read after every write below has committed.
+    let mut sub = e.subscribe(&bob, None, None).await.unwrap();
+    let post = |to: &'static str| {
+        let (e, ann) = (e.clone(), ann.clone());
+        async move {
+            e.create_item(
+                &ann,
+                "message",
+                props(json!({})),
+                share(Principal::Group(to.into())),
+            )
+            .await
+            .unwrap()
+            .item
+            .id
+        }
+    };
+    let before = post("hall").await;
+    e.remove_member(&ann, "hall", &Principal::Group("team".into()))
+        .await
+        .unwrap();
+    post("hall").await;
+    let to_team = post("team").await;
+    assert_eq!(put_of(next(&mut sub, "hall, before").await), before);
+    assert!(matches!(next(&mut sub, "unnested").await, Event::Resync));
+    assert_eq!(put_of(next(&mut sub, "team, not hall").await), to_team);
+    no_event(&mut sub).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_from_a_cursor_misses_nothing() {
     let e = common::memory();

@@ -15,6 +15,7 @@ use crate::error::{
 };
 use crate::extract::{
     check_same_origin, session_cookie, session_cookie_name, Auth, ClientAddr, JsonBody, Path, Via,
+    SECURE_SESSION_COOKIE, SESSION_COOKIE,
 };
 use crate::json::{self, Name, Time};
 use crate::routes::reply;
@@ -145,30 +146,39 @@ pub async fn sign_out(
     auth: Auth,
 ) -> Response {
     let mut outcome = s.engine.sign_out(&auth.caller).await;
-    let cookie = session_cookie(&headers, via.tls);
-    if let (false, Some(token), Ok(())) = (auth.by_cookie, cookie, &outcome) {
+    if let (false, Some(token)) = (auth.by_cookie, session_cookie(&headers, via.tls)) {
         // The bearer token was the credential; the cookie's session ends
-        // too, or a shared machine's browser would stay signed in. A
-        // cookie whose session is already gone has nothing to end.
-        outcome = match s.engine.sign_out(&tarn_engine::Caller::Token(token)).await {
+        // too, whatever became of the token's, or a shared machine's
+        // browser would stay signed in. A cookie whose session is already
+        // gone has nothing to end.
+        let cookie = match s.engine.sign_out(&tarn_engine::Caller::Token(token)).await {
             Err(tarn_engine::EngineError::Unauthenticated(_)) => Ok(()),
             other => other,
         };
+        outcome = outcome.and(cookie);
     }
     let mut res = match outcome {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => crate::error::ApiError::from(e).into_response(),
     };
-    let name = session_cookie_name(via.tls);
-    let presented = headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| {
-            v.split(';')
-                .any(|p| p.trim().starts_with(&format!("{name}=")))
-        });
-    if presented {
+    // Over HTTPS both names are cleared: a `tarn_session` set before the
+    // server sat behind a TLS proxy is no credential there any more.
+    let names: &[&str] = if via.tls {
+        &[SECURE_SESSION_COOKIE, SESSION_COOKIE]
+    } else {
+        &[SESSION_COOKIE]
+    };
+    let sent = |name: &str| {
+        headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| {
+                v.split(';')
+                    .any(|p| p.trim().starts_with(&format!("{name}=")))
+            })
+    };
+    for name in names.iter().filter(|n| sent(n)) {
         let secure = if via.tls { "; Secure" } else { "" };
         let clear = format!("{name}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}");
         if let Ok(v) = HeaderValue::from_str(&clear) {

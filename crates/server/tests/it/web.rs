@@ -314,6 +314,30 @@ async fn signing_out_with_a_token_and_the_cookie_ends_both_sessions() {
     )
     .await
     .expect(401);
+    // A stale bearer token beside a live cookie: the cookie's session ends
+    // all the same.
+    let r = cookie_sign_in(&app, "alice", "alice-password")
+        .await
+        .expect(201);
+    let cookie = cookie_pair(&r);
+    app.call_with(
+        Method::DELETE,
+        "/api/v1/sessions/current",
+        Some(&token),
+        None,
+        &[("cookie", cookie.as_str())],
+    )
+    .await
+    .expect(401);
+    app.call_with(
+        Method::GET,
+        "/api/v1/me",
+        None,
+        None,
+        &[("cookie", cookie.as_str())],
+    )
+    .await
+    .expect(401);
 }
 
 #[tokio::test]
