@@ -259,13 +259,15 @@ enum AdminAction {
 /// freed so far (up to 32 MiB), after which such blocks come from per-thread
 /// arenas that keep them: 400 sign-ins left a node at 231 MiB resident
 /// instead of 22 MiB (`MALLOC_MMAP_THRESHOLD_` set by hand gave the same
-/// 22). A fixed threshold of 1 MiB maps and unmaps them every time.
+/// 22; scripts/measure-signin-rss.sh). A fixed threshold of 4 MiB maps and
+/// unmaps them every time, and leaves the 1 MiB buffers of body reads and
+/// writes to the ordinary heap.
 fn give_large_blocks_back() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets an allocator parameter; it is called before
     // any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20) } != 1 {
+        eprintln!("tarn: could not set the allocator's mmap threshold; memory may grow after sign-ins");
     }
 }
 
