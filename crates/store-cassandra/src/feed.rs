@@ -93,37 +93,15 @@ pub(crate) fn append_ops(batch: &Batch, ts: i64) -> StoreResult<Vec<Op>> {
 impl Inner {
     /// The first bucket that may hold entries of `feed`.
     async fn first_bucket(&self, feed: Table) -> StoreResult<i64> {
-        let born = self.get_row(&meta_key("born")?).await?;
+        let born = self.get(&meta_key("born")?).await?;
         let trimmed = self
-            .get_row(&meta_key(&format!("trimmed:{}", feed.name()))?)
+            .get(&meta_key(&format!("trimmed:{}", feed.name()))?)
             .await?;
         let bucket = |r: Option<Row>| {
             r.and_then(|r| r.value.try_into().ok())
                 .map_or(0, |b: [u8; 8]| i64::from_be_bytes(b))
         };
         Ok(bucket(born).max(bucket(trimmed)))
-    }
-
-    async fn get_row(&self, key: &Key) -> StoreResult<Option<Row>> {
-        let r = self
-            .session
-            .execute_unpaged(
-                &self.st.get,
-                (key.table.name(), &key.partition, &key.clustering),
-            )
-            .await
-            .map_err(map_exec)?;
-        let rows = r
-            .into_rows_result()
-            .map_err(|e| StoreError::Other(format!("expected rows: {e}")))?;
-        let row = rows
-            .maybe_first_row::<(Vec<u8>, i64)>()
-            .map_err(|e| StoreError::Corrupt(format!("row of {key:?}: {e}")))?;
-        Ok(row.map(|(value, version)| Row {
-            clustering: key.clustering.clone(),
-            value,
-            version: version_u64(version),
-        }))
     }
 
     /// See [`Snapshot::read_feed`](tarn_store::Snapshot::read_feed) and
@@ -303,7 +281,7 @@ impl crate::CassandraStore {
     /// Records the store's birth (the first bucket any feed may use).
     pub(crate) async fn record_birth(&self) -> StoreResult<()> {
         let key = meta_key("born")?;
-        if self.inner.get_row(&key).await?.is_some() {
+        if self.inner.get(&key).await?.is_some() {
             return Ok(());
         }
         let bucket = (wall_micros() - BUCKET_MICROS).div_euclid(BUCKET_MICROS);

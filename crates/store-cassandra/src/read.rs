@@ -26,7 +26,8 @@ fn bounds_nonempty(scan: &Scan) -> bool {
 }
 
 impl Inner {
-    async fn get(&self, key: &Key) -> StoreResult<Option<Row>> {
+    /// One row at QUORUM, if it exists.
+    pub(crate) async fn get(&self, key: &Key) -> StoreResult<Option<Row>> {
         bump(&self.counters.point_reads);
         let r = self
             .session
