@@ -19,7 +19,7 @@ OUT="$DIR/callgrind.out"
 TARN_ADMIN_PASSWORD=profile-admin RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
   --callgrind-out-file="$OUT" ./target/release/tarn serve --listen 127.0.0.1:$PORT --data "$DIR/data" >/dev/null 2>"$DIR/valgrind.log" &
 PID=$!
-trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR"' EXIT
+trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $DIR" || rm -rf "$DIR"' EXIT
 for _ in $(seq 1 300); do curl -sf $API/health >/dev/null && break; sleep 0.2; done
 J='content-type: application/json'
 token() { curl -s -XPOST $API/sessions -H "$J" -d "{\"username\":\"$1\",\"password\":\"$2\"}" | python3 -c 'import sys,json;print(json.load(sys.stdin)["token"])'; }
@@ -44,8 +44,8 @@ for _ in $(seq 1 "$N"); do curl -s -XPOST $API/items -H "authorization: Bearer $
 callgrind_control -i off $PID >/dev/null
 callgrind_control -d $PID >/dev/null
 sleep 1
-TOTAL=$(callgrind_annotate "$OUT"* 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1; exit}')
+TOTAL=$(callgrind_annotate "$OUT.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}')
 echo "creates: $N; instructions per create: $((TOTAL / N)) (all threads of the server)"
 echo
 echo "inclusive cost by function (top 40):"
-callgrind_annotate --inclusive=yes "$OUT"* 2>/dev/null | sed -n '/^-- .*file:function/,$p' | head -45
+callgrind_annotate --inclusive=yes "$OUT.1" 2>/dev/null | sed -n '/file:function/,$p' | sed -n 2,46p | cut -c1-200
