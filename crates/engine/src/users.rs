@@ -2,7 +2,7 @@
 
 use argon2::password_hash::{PasswordHasher, PasswordVerifier};
 use serde_json::{Map, Value};
-use tarn_store::{Batch, Expect, Scan, SnapshotExt};
+use tarn_store::{Batch, Expect, Key, Scan, SnapshotExt};
 
 use crate::actor::{invalid_session, session_hash, token_user};
 use crate::error::{EngineError, Result};
@@ -351,27 +351,56 @@ impl Engine {
 
     /// Ends the session of this token on every node at once.
     pub async fn sign_out(&self, caller: &Caller) -> Result<()> {
+        self.sign_out_with(caller, None).await
+    }
+
+    /// Ends the session of the caller's token and, with `also` (the web
+    /// app's cookie beside a bearer token), that token's session too: one
+    /// read and one write. The caller's token decides the answer (not a
+    /// live session: `Unauthenticated`), but `also`'s session ends
+    /// whatever it is; an `also` that is no live session has nothing to end.
+    pub async fn sign_out_with(&self, caller: &Caller, also: Option<&str>) -> Result<()> {
         let Caller::Token(token) = caller else {
             return Err(EngineError::Unauthenticated("sign in first".into()));
         };
-        let username = token_user(token).ok_or_else(invalid_session)?;
-        let hash = session_hash(token);
-        let key = schema::session_key(&hash);
+        // (username if well formed, hash) of each token, the caller's first.
+        let tokens: Vec<(Option<&str>, [u8; 32])> = std::iter::once(token.as_str())
+            .chain(also.filter(|a| *a != token))
+            .map(|t| (token_user(t), session_hash(t)))
+            .collect();
+        let keys: Vec<Key> = tokens
+            .iter()
+            .map(|(_, hash)| schema::session_key(hash))
+            .collect();
         self.retrying(|| async {
-            let row = {
+            let rows = {
                 let mut snap = self.snapshot().await?;
-                snap.get(&key).await?
+                snap.read(&keys, &[]).await?.rows
             };
-            let row = row.ok_or_else(invalid_session)?;
-            let session: SessionRow = schema::decode("session", &row)?;
-            if session.username != username {
-                return Err(invalid_session());
-            }
             let mut b = Batch::new();
-            b.delete(key.clone())
-                .delete(schema::user_session_key(username, &hash));
-            self.store().write(b).await?;
-            Ok(())
+            let mut mine = false;
+            for (i, ((username, hash), row)) in tokens.iter().zip(&rows).enumerate() {
+                let live = match (username, row) {
+                    (Some(u), Some(row)) => {
+                        schema::decode::<SessionRow>("session", row)?.username == *u
+                    }
+                    _ => false,
+                };
+                if live {
+                    let u = username.expect("live sessions have a user");
+                    b.delete(keys[i].clone())
+                        .delete(schema::user_session_key(u, hash));
+                }
+                mine |= i == 0 && live;
+            }
+            if !b.is_empty() {
+                self.store().write(b).await?;
+            }
+            if mine {
+                Ok(())
+            } else {
+                Err(invalid_session())
+            }
         })
         .await
     }

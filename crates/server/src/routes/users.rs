@@ -145,18 +145,14 @@ pub async fn sign_out(
     via: Via,
     auth: Auth,
 ) -> Response {
-    let mut outcome = s.engine.sign_out(&auth.caller).await;
-    if let (false, Some(token)) = (auth.by_cookie, session_cookie(&headers, via.tls)) {
-        // The bearer token was the credential; the cookie's session ends
-        // too, whatever became of the token's, or a shared machine's
-        // browser would stay signed in. A cookie whose session is already
-        // gone has nothing to end.
-        let cookie = match s.engine.sign_out(&tarn_engine::Caller::Token(token)).await {
-            Err(tarn_engine::EngineError::Unauthenticated(_)) => Ok(()),
-            other => other,
-        };
-        outcome = outcome.and(cookie);
-    }
+    // A bearer token beside the cookie: the cookie's session ends too,
+    // whatever became of the token's, or a shared machine's browser would
+    // stay signed in (one engine call, one write).
+    let cookie = session_cookie(&headers, via.tls).filter(|_| !auth.by_cookie);
+    let outcome = s
+        .engine
+        .sign_out_with(&auth.caller, cookie.as_deref())
+        .await;
     let mut res = match outcome {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => crate::error::ApiError::from(e).into_response(),
