@@ -230,6 +230,20 @@ async fn subscriptions_follow_memberships() {
     assert_eq!(put_of(next(&mut sub, "nested message").await), m2);
 }
 
+/// Posts a message shared with group `to`; its id.
+async fn message_to(e: &Engine, author: &Caller, to: &str) -> String {
+    e.create_item(
+        author,
+        "message",
+        props(json!({})),
+        share(Principal::Group(to.into())),
+    )
+    .await
+    .unwrap()
+    .item
+    .id
+}
+
 /// Regression: a stream that read a join after the matching leave had
 /// committed took the groups the store held then (no longer in the room)
 /// and dropped the room's messages posted in between; `tarn bench chat`
@@ -256,21 +270,7 @@ async fn a_join_read_after_the_leave_still_delivers_what_came_between() {
         .unwrap();
     e.add_member(&ann, "hall", &user("bob")).await.unwrap();
     let start = e.changes(&bob, None, None, 1).await.unwrap().next;
-    let post = |to: &'static str| {
-        let (e, ann) = (e.clone(), ann.clone());
-        async move {
-            e.create_item(
-                &ann,
-                "message",
-                props(json!({})),
-                share(Principal::Group(to.into())),
-            )
-            .await
-            .unwrap()
-            .item
-            .id
-        }
-    };
+    let post = |to: &'static str| message_to(&e, &ann, to);
     e.add_member(&ann, "room", &user("bob")).await.unwrap();
     let while_member = post("room").await;
     e.remove_member(&bob, "room", &user("bob")).await.unwrap();
@@ -311,21 +311,7 @@ async fn a_group_leaving_a_group_narrows_a_lagging_stream() {
         .unwrap();
     // Subscribed now, read after every write below has committed.
     let mut sub = e.subscribe(&bob, None, None).await.unwrap();
-    let post = |to: &'static str| {
-        let (e, ann) = (e.clone(), ann.clone());
-        async move {
-            e.create_item(
-                &ann,
-                "message",
-                props(json!({})),
-                share(Principal::Group(to.into())),
-            )
-            .await
-            .unwrap()
-            .item
-            .id
-        }
-    };
+    let post = |to: &'static str| message_to(&e, &ann, to);
     let before = post("hall").await;
     e.remove_member(&ann, "hall", &Principal::Group("team".into()))
         .await
