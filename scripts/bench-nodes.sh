@@ -4,6 +4,7 @@
 # two nodes behind nginx (round-robin), server CPU summed over the nodes.
 #   scripts/bench-nodes.sh kenai [extra tarn bench flags]
 #   STORE=cassandra scripts/bench-nodes.sh user-home --quick
+#   NODES=1 scripts/bench-nodes.sh chat     (only the one-node run; NODES=2 only the two)
 # Needs nginx (apt-get install nginx) for the two-node run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,10 +37,13 @@ node() { # schema port
   until curl -sf http://127.0.0.1:$2/api/v1/health >/dev/null; do sleep 0.2; done
 }
 # One node.
+if [ "${NODES:-1 2}" != 2 ]; then
 P1=$(free_port); node one $P1
 ./target/release/tarn bench "$WORKLOAD" --url http://127.0.0.1:$P1 --admin-password bench-admin-password \
   --server-pid ${PIDS[0]} --out "$OUT/$WORKLOAD-$STORE-1node" "$@"
 kill ${PIDS[0]}; PIDS=()
+fi
+[ "${NODES:-1 2}" = 1 ] && exit 0
 # Two nodes behind nginx.
 PA=$(free_port); PB=$(free_port); PL=$(free_port)
 node two $PA; node two $PB

@@ -287,14 +287,17 @@ impl Engine {
             // stamp is the one read with the declarations (see `indexes`).
             let entry = schema::kind_key(kind, &id);
             b.put(entry.clone(), schema::MARK.to_vec(), 1)
-                .guard(entry, Expect::Absent)
-                .guard(
-                    stamp_key.clone(),
-                    match &own.rows[1] {
-                        Some(r) => Expect::Version(r.version),
-                        None => Expect::Absent,
-                    },
-                );
+                .guard(entry, Expect::Absent);
+            match &own.rows[1] {
+                Some(r) => b.guard(stamp_key.clone(), Expect::Version(r.version)),
+                // The bucket's first create writes its stamp at 0 (no
+                // declaration yet), so later creates depend on a row that
+                // exists: on PostgreSQL they share its lock instead of
+                // queueing on a claim of the same absent key.
+                None => b
+                    .put(stamp_key.clone(), schema::MARK.to_vec(), 0)
+                    .guard(stamp_key.clone(), Expect::Absent),
+            };
             defs.apply_diff(&mut b, None, Some(&item), self.split());
             let row = ItemRow {
                 item: item.clone(),

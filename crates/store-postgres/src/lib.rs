@@ -702,8 +702,10 @@ impl Store for PgStore {
             return Ok(());
         }
         let client = self.pool.get().await.map_err(pool_err)?;
-        client.batch_execute("BEGIN").await.map_err(map_err)?;
-        let applied = apply(&client, &batch).await;
+        // BEGIN goes out with the batch's statements: one round trip, then
+        // the commit's.
+        let (begun, applied) = tokio::join!(client.batch_execute("BEGIN"), apply(&client, &batch));
+        let applied = begun.map_err(map_err).and(applied);
         let end = match &applied {
             Ok(()) => client.batch_execute("COMMIT").await.map_err(map_err),
             Err(_) => client.batch_execute("ROLLBACK").await.map_err(map_err),
@@ -747,145 +749,202 @@ impl Store for PgStore {
     }
 }
 
-/// Applies a batch inside the transaction open on `tx`, without ending it.
-/// Rows are locked in key order; the caller commits or rolls back.
+/// Applies a batch inside the transaction open on `tx`, without ending it;
+/// the caller commits or rolls back.
+///
+/// Every statement goes out at once and their answers come back in one
+/// round trip: the guards first, in key order (a guarded key the batch
+/// writes is locked `FOR UPDATE`, one it only reads `FOR SHARE`, so writers
+/// that merely depend on a row do not queue behind each other; an absent
+/// key is claimed with a placeholder row), then the rows, in key order, and
+/// the feed entries. The rows are written whether or not a guard held: a
+/// failed guard is reported after the fact and the caller rolls everything
+/// back.
 async fn apply(tx: &deadpool_postgres::Client, batch: &Batch) -> StoreResult<()> {
-    {
-        // Guards, in key order.
-        let mut guards: Vec<(usize, &tarn_store::Guard)> =
-            batch.guards.iter().enumerate().collect();
-        guards.sort_by(|a, b| a.1.key.cmp(&b.1.key));
-        let lock = tx
-            .prepare_cached(
-                "SELECT version FROM tarn_rows WHERE tbl = $1 AND part = $2 AND clus = $3 FOR UPDATE",
-            )
-            .await
-            .map_err(map_err)?;
-        let claim = tx
-            .prepare_cached(
-                "INSERT INTO tarn_rows (tbl, part, clus, value, version) VALUES ($1, $2, $3, ''::bytea, $4)
-                 ON CONFLICT (tbl, part, clus) DO NOTHING RETURNING 1",
-            )
-            .await
-            .map_err(map_err)?;
-        let mut failed = None;
-        let mut placeholders = Vec::new();
-        for (i, g) in &guards {
-            let k = &g.key;
-            let table = k.table.name();
-            let holds = match g.expect {
-                Expect::Version(v) => {
-                    let row = tx
-                        .query_opt(&lock, &[&table, &k.partition, &k.clustering])
-                        .await
-                        .map_err(map_err)?;
-                    row.is_some_and(|r| r.get::<_, i64>(0) as u64 == v)
-                }
-                Expect::Absent => {
-                    let claimed = tx
-                        .query_opt(&claim, &[&table, &k.partition, &k.clustering, &PLACEHOLDER])
-                        .await
-                        .map_err(map_err)?
-                        .is_some();
-                    if claimed {
-                        placeholders.push(k.clone());
-                    }
-                    claimed
-                }
-            };
-            if !holds {
-                // The smallest index among failures, as the contract says
-                // "the first failing guard".
-                failed = Some(failed.map_or(*i, |f: usize| f.min(*i)));
-            }
-        }
-        if let Some(guard) = failed {
-            return Err(StoreError::GuardFailed { guard });
-        }
-        // The last op on a key wins; then key order for lock order.
-        let mut last: BTreeMap<&Key, &Op> = BTreeMap::new();
-        for op in &batch.ops {
-            last.insert(op.key(), op);
-        }
-        let (mut t, mut p, mut c, mut v, mut ver) = (vec![], vec![], vec![], vec![], vec![]);
-        let (mut dt, mut dp, mut dc) = (vec![], vec![], vec![]);
-        for (key, op) in last {
-            match op {
-                Op::Put { value, version, .. } => {
-                    t.push(key.table.name());
-                    p.push(key.partition.as_slice());
-                    c.push(key.clustering.as_slice());
-                    v.push(value.as_slice());
-                    ver.push(
-                        i64::try_from(*version)
-                            .map_err(|_| StoreError::Invalid("version above i64::MAX".into()))?,
-                    );
-                }
-                Op::Delete { .. } => {
-                    dt.push(key.table.name());
-                    dp.push(key.partition.as_slice());
-                    dc.push(key.clustering.as_slice());
-                }
-            }
-        }
-        if !t.is_empty() {
-            let upsert = tx
-                .prepare_cached(
-                    "INSERT INTO tarn_rows (tbl, part, clus, value, version)
-                     SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::bytea[], $5::int8[])
-                     ON CONFLICT (tbl, part, clus) DO UPDATE SET value = EXCLUDED.value, version = EXCLUDED.version",
-                )
-                .await
-                .map_err(map_err)?;
-            tx.execute(&upsert, &[&t, &p, &c, &v, &ver])
-                .await
-                .map_err(map_err)?;
-        }
-        if !dt.is_empty() {
-            let delete = tx
-                .prepare_cached(
-                    "DELETE FROM tarn_rows r USING unnest($1::text[], $2::bytea[], $3::bytea[]) AS d(tbl, part, clus)
-                     WHERE r.tbl = d.tbl AND r.part = d.part AND r.clus = d.clus",
-                )
-                .await
-                .map_err(map_err)?;
-            tx.execute(&delete, &[&dt, &dp, &dc])
-                .await
-                .map_err(map_err)?;
-        }
-        if !placeholders.is_empty() {
-            let drop = tx
-                .prepare_cached(
-                    "DELETE FROM tarn_rows WHERE tbl = $1 AND part = $2 AND clus = $3 AND version = $4",
-                )
-                .await
-                .map_err(map_err)?;
-            for k in &placeholders {
-                tx.execute(
-                    &drop,
-                    &[&k.table.name(), &k.partition, &k.clustering, &PLACEHOLDER],
-                )
-                .await
-                .map_err(map_err)?;
-            }
-        }
-        if !batch.appends.is_empty() {
-            let feeds: Vec<&str> = batch.appends.iter().map(|a| a.feed.name()).collect();
-            let values: Vec<&[u8]> = batch.appends.iter().map(|a| a.value.as_slice()).collect();
-            let append = tx
-                .prepare_cached(
-                    "INSERT INTO tarn_feed (tbl, xid, seq, value)
-                     SELECT t, pg_current_xact_id(), nextval('tarn_feed_seq'), v
-                     FROM unnest($1::text[], $2::bytea[]) WITH ORDINALITY AS a(t, v, n) ORDER BY n",
-                )
-                .await
-                .map_err(map_err)?;
-            tx.execute(&append, &[&feeds, &values])
-                .await
-                .map_err(map_err)?;
-        }
-        Ok(())
+    let lock_update = tx
+        .prepare_cached(
+            "SELECT version FROM tarn_rows WHERE tbl = $1 AND part = $2 AND clus = $3 FOR UPDATE",
+        )
+        .await
+        .map_err(map_err)?;
+    let lock_share = tx
+        .prepare_cached(
+            "SELECT version FROM tarn_rows WHERE tbl = $1 AND part = $2 AND clus = $3 FOR SHARE",
+        )
+        .await
+        .map_err(map_err)?;
+    let claim = tx
+        .prepare_cached(
+            "INSERT INTO tarn_rows (tbl, part, clus, value, version) VALUES ($1, $2, $3, ''::bytea, $4)
+             ON CONFLICT (tbl, part, clus) DO NOTHING RETURNING 1",
+        )
+        .await
+        .map_err(map_err)?;
+    let upsert = tx
+        .prepare_cached(
+            "INSERT INTO tarn_rows (tbl, part, clus, value, version)
+             SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::bytea[], $5::int8[])
+             ON CONFLICT (tbl, part, clus) DO UPDATE SET value = EXCLUDED.value, version = EXCLUDED.version",
+        )
+        .await
+        .map_err(map_err)?;
+    let delete = tx
+        .prepare_cached(
+            "DELETE FROM tarn_rows r USING unnest($1::text[], $2::bytea[], $3::bytea[]) AS d(tbl, part, clus)
+             WHERE r.tbl = d.tbl AND r.part = d.part AND r.clus = d.clus",
+        )
+        .await
+        .map_err(map_err)?;
+    let unclaim = tx
+        .prepare_cached(
+            "DELETE FROM tarn_rows r USING unnest($1::text[], $2::bytea[], $3::bytea[]) AS d(tbl, part, clus)
+             WHERE r.tbl = d.tbl AND r.part = d.part AND r.clus = d.clus AND r.version = $4",
+        )
+        .await
+        .map_err(map_err)?;
+    let append = tx
+        .prepare_cached(
+            "INSERT INTO tarn_feed (tbl, xid, seq, value)
+             SELECT t, pg_current_xact_id(), nextval('tarn_feed_seq'), v
+             FROM unnest($1::text[], $2::bytea[]) WITH ORDINALITY AS a(t, v, n) ORDER BY n",
+        )
+        .await
+        .map_err(map_err)?;
+
+    // The last op on a key wins; key order is lock order.
+    let mut last: BTreeMap<&Key, &Op> = BTreeMap::new();
+    for op in &batch.ops {
+        last.insert(op.key(), op);
     }
+    let mut puts = Columns::default();
+    let mut deletes = Columns::default();
+    for (key, op) in &last {
+        match op {
+            Op::Put { value, version, .. } => {
+                puts.push(key);
+                puts.values.push(value.as_slice());
+                puts.versions.push(
+                    i64::try_from(*version)
+                        .map_err(|_| StoreError::Invalid("version above i64::MAX".into()))?,
+                );
+            }
+            Op::Delete { .. } => deletes.push(key),
+        }
+    }
+    let mut guards: Vec<(usize, &tarn_store::Guard)> = batch.guards.iter().enumerate().collect();
+    guards.sort_by(|a, b| a.1.key.cmp(&b.1.key));
+    // Placeholders of absent keys the batch does not put are removed again.
+    let mut unclaimed = Columns::default();
+    for (_, g) in &guards {
+        if matches!(g.expect, Expect::Absent) && !matches!(last.get(&g.key), Some(Op::Put { .. })) {
+            unclaimed.push(&g.key);
+        }
+    }
+
+    let checks = guards.iter().map(|(_, g)| {
+        let k = &g.key;
+        let (lock, claim) = (
+            if last.contains_key(k) {
+                &lock_update
+            } else {
+                &lock_share
+            },
+            &claim,
+        );
+        async move {
+            let table = k.table.name();
+            let held = match g.expect {
+                Expect::Version(v) => tx
+                    .query_opt(lock, &[&table, &k.partition, &k.clustering])
+                    .await
+                    .map_err(map_err)?
+                    .is_some_and(|r| r.get::<_, i64>(0) as u64 == v),
+                Expect::Absent => tx
+                    .query_opt(claim, &[&table, &k.partition, &k.clustering, &PLACEHOLDER])
+                    .await
+                    .map_err(map_err)?
+                    .is_some(),
+            };
+            Ok::<_, StoreError>(held)
+        }
+    });
+    let feeds: Vec<&str> = batch.appends.iter().map(|a| a.feed.name()).collect();
+    let values: Vec<&[u8]> = batch.appends.iter().map(|a| a.value.as_slice()).collect();
+    let put_params = puts.params_with_values();
+    let delete_params = deletes.params();
+    let [t, p, c] = unclaimed.params();
+    let unclaim_params: [&(dyn ToSql + Sync); 4] = [t, p, c, &PLACEHOLDER];
+    let append_params: [&(dyn ToSql + Sync); 2] = [&feeds, &values];
+    // Polled together, in this order: the statements go out in it.
+    let (held, written) = tokio::join!(futures_util::future::join_all(checks), async {
+        let (upserted, deleted, unclaimed, appended) = tokio::join!(
+            run_if(!puts.is_empty(), tx, &upsert, &put_params),
+            run_if(!deletes.is_empty(), tx, &delete, &delete_params),
+            run_if(!unclaimed.is_empty(), tx, &unclaim, &unclaim_params),
+            run_if(!feeds.is_empty(), tx, &append, &append_params),
+        );
+        upserted.and(deleted).and(unclaimed).and(appended)
+    });
+    let mut failed = None;
+    for ((i, _), held) in guards.iter().zip(held) {
+        if !held? {
+            // The smallest index among failures: "the first failing guard".
+            failed = Some(failed.map_or(*i, |f: usize| f.min(*i)));
+        }
+    }
+    if let Some(guard) = failed {
+        return Err(StoreError::GuardFailed { guard });
+    }
+    written
+}
+
+/// Key columns (and, for puts, values and versions) as arrays for `unnest`.
+#[derive(Default)]
+struct Columns<'a> {
+    tables: Vec<&'static str>,
+    partitions: Vec<&'a [u8]>,
+    clusterings: Vec<&'a [u8]>,
+    values: Vec<&'a [u8]>,
+    versions: Vec<i64>,
+}
+
+impl<'a> Columns<'a> {
+    fn push(&mut self, key: &'a Key) {
+        self.tables.push(key.table.name());
+        self.partitions.push(&key.partition);
+        self.clusterings.push(&key.clustering);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 3] {
+        [&self.tables, &self.partitions, &self.clusterings]
+    }
+
+    fn params_with_values(&self) -> [&(dyn ToSql + Sync); 5] {
+        [
+            &self.tables,
+            &self.partitions,
+            &self.clusterings,
+            &self.values,
+            &self.versions,
+        ]
+    }
+}
+
+/// Executes `stmt` when `wanted`, else nothing.
+async fn run_if(
+    wanted: bool,
+    tx: &deadpool_postgres::Client,
+    stmt: &tokio_postgres::Statement,
+    params: &[&(dyn ToSql + Sync)],
+) -> StoreResult<()> {
+    if wanted {
+        tx.execute(stmt, params).await.map_err(map_err)?;
+    }
+    Ok(())
 }
 
 impl PgStore {

@@ -184,6 +184,54 @@ async fn a_feed_poller_never_skips_a_late_commit() {
     assert!(seen.contains(&vec![b'f', 4]));
 }
 
+/// Writes guarded on a row they do not write share its lock: one held open
+/// does not stop another from committing. A write that changes the row
+/// waits for the holder, and a guard on the old version fails after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_that_only_depend_on_a_row_do_not_queue_behind_each_other() {
+    let store = Arc::new(PgStore::connect(&fresh_url()).await.unwrap());
+    let t = Table::new("shared");
+    let row = Key::new(t, b"p", b"stamp");
+    let mut w = Batch::new();
+    w.put(row.clone(), b"-".to_vec(), 1);
+    store.write(w).await.unwrap();
+    let depending = |name: &[u8]| {
+        let mut b = Batch::new();
+        b.put(Key::new(t, b"p", name), b"x".to_vec(), 1)
+            .guard(row.clone(), Expect::Version(1));
+        b
+    };
+    let held = store.write_held(depending(b"a")).await.unwrap();
+    // Were the row locked exclusively, this would wait for `held` forever.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        store.write(depending(b"b")),
+    )
+    .await
+    .expect("a write depending on the same row is not held up")
+    .unwrap();
+    // One that changes the row waits for the holder, then holds its guard.
+    let mut change = Batch::new();
+    change
+        .put(row.clone(), b"-".to_vec(), 2)
+        .guard(row.clone(), Expect::Version(1));
+    let changer = {
+        let store = store.clone();
+        tokio::spawn(async move { store.write(change).await })
+    };
+    held.commit().await.unwrap();
+    changer.await.unwrap().unwrap();
+    assert!(matches!(
+        store.write(depending(b"c")).await,
+        Err(StoreError::GuardFailed { guard: 0 })
+    ));
+    let snap = &mut store.snapshot().await.unwrap();
+    for (name, present) in [(&b"a"[..], true), (b"b", true), (b"c", false)] {
+        let got = snap.get(&Key::new(t, b"p", name)).await.unwrap();
+        assert_eq!(got.is_some(), present, "{name:?}");
+    }
+}
+
 /// PostgreSQL over TLS: verify-full with the CA that signed the server's
 /// certificate works and is encrypted; another CA is refused; require
 /// encrypts without checking; no sslmode stays in the clear.
