@@ -6,11 +6,19 @@
 //! - Each serving node runs one *hub*: a single task that reads the feed
 //!   from the store (woken at once by this node's own writes, and every
 //!   [`POLL`] otherwise, so changes committed on other nodes arrive too) and
-//!   broadcasts entries to this node's subscribers through one bounded
-//!   channel. A [`Subscription`] filters them by intersecting each change's
-//!   readers with the subscriber's principals. A subscriber that falls behind
-//!   the channel does not grow any buffer: it catches up by pulling from the
-//!   store, from its own last cursor, then listens again.
+//!   routes each entry to the subscribers registered under one of the
+//!   principals it names (an item's readers before and after; a membership
+//!   entry's member), each through a bounded queue of its own: a message to
+//!   a room wakes the room's members, not every stream on the node. A
+//!   [`Subscription`] then filters exactly, by intersecting each change's
+//!   readers with its principals. A subscriber whose queue is full is
+//!   dropped from the routes and grows no buffer: it catches up by pulling
+//!   from the store, from its own last cursor, then listens again.
+//! - Routes only widen while a stream lives: the hub adds the groups a join
+//!   gained to the routes of those it reaches before routing the next entry,
+//!   and a subscriber whose groups grow past its routes any other way adds
+//!   them and pulls again from its last cursor, so no entry for a group it
+//!   reached slips past it.
 //! - An entry names the principals that could read the item before and
 //!   after the write, and the item as it is after it; a membership entry
 //!   names the principal whose groups changed and, when the write can say,
@@ -27,7 +35,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tarn_store::{Batch, FeedEntry, Key, Snapshot, SnapshotExt, Table};
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::{mpsc, Notify};
 
 use crate::actor::Actor;
 use crate::error::{EngineError, Result};
@@ -45,8 +53,8 @@ pub const POLL: Duration = Duration::from_millis(50);
 const READ_BATCH: usize = 256;
 /// Entries one pull looks at, at most, however few the caller may see.
 const PULL_BUDGET: usize = 10_000;
-/// Entries the hub's channel holds for slow subscribers.
-const CHANNEL: usize = 4096;
+/// Entries one subscriber's queue holds before it is made to pull.
+const QUEUE: usize = 1024;
 /// How often a stream checks its caller's session and groups.
 const CHECK_EVERY: Duration = Duration::from_secs(30);
 /// Stripes of the per-user stream counts.
@@ -331,9 +339,107 @@ pub(crate) struct HubEntry {
     row: ChangeRow,
 }
 
+/// Where the hub sends entries: each subscriber's queue, and who is
+/// registered under each principal.
+#[derive(Default)]
+struct Routes {
+    next: u64,
+    subs: HashMap<u64, Route>,
+    by_principal: HashMap<Principal, Vec<u64>>,
+}
+
+struct Route {
+    tx: mpsc::Sender<Arc<HubEntry>>,
+    principals: Vec<Principal>,
+}
+
+impl Routes {
+    /// Registers `principals` for subscriber `id`; whether any was new.
+    fn widen<'a>(&mut self, id: u64, principals: impl IntoIterator<Item = &'a Principal>) -> bool {
+        let Some(route) = self.subs.get_mut(&id) else {
+            return false;
+        };
+        let mut grew = false;
+        for p in principals {
+            if !route.principals.contains(p) {
+                route.principals.push(p.clone());
+                self.by_principal.entry(p.clone()).or_default().push(id);
+                grew = true;
+            }
+        }
+        grew
+    }
+
+    /// A fresh queue for subscriber `id`, registered under `principals`.
+    fn register(&mut self, id: u64, principals: &[Principal]) -> mpsc::Receiver<Arc<HubEntry>> {
+        self.remove(id);
+        let (tx, rx) = mpsc::channel(QUEUE);
+        self.subs.insert(
+            id,
+            Route {
+                tx,
+                principals: Vec::new(),
+            },
+        );
+        self.widen(id, principals);
+        rx
+    }
+
+    fn remove(&mut self, id: u64) {
+        let Some(route) = self.subs.remove(&id) else {
+            return;
+        };
+        for p in &route.principals {
+            if let Some(ids) = self.by_principal.get_mut(p) {
+                ids.retain(|&i| i != id);
+                if ids.is_empty() {
+                    self.by_principal.remove(p);
+                }
+            }
+        }
+    }
+
+    /// Hands `e` to every subscriber registered under a principal it
+    /// names; one whose queue is full is removed (it will pull).
+    fn route(&mut self, e: &Arc<HubEntry>) {
+        let mut to: Vec<u64> = Vec::new();
+        match &e.row.what {
+            What::Item { before, after, .. } => {
+                for p in before.iter().chain(after) {
+                    to.extend(self.by_principal.get(p).into_iter().flatten());
+                }
+            }
+            What::Member {
+                principal, gained, ..
+            } => {
+                let Ok(p) = principal.parse::<Principal>() else {
+                    return;
+                };
+                to.extend(self.by_principal.get(&p).into_iter().flatten());
+                let gained: Vec<Principal> = gained
+                    .iter()
+                    .flatten()
+                    .map(|g| Principal::Group(g.clone()))
+                    .collect();
+                for &id in &to {
+                    self.widen(id, &gained);
+                }
+            }
+        }
+        to.sort_unstable();
+        to.dedup();
+        for id in to {
+            let sent = self.subs.get(&id).map(|r| r.tx.try_send(e.clone()));
+            if let Some(Err(_)) = sent {
+                self.remove(id);
+            }
+        }
+    }
+}
+
 /// The node's feed reader and its subscribers' counts.
 pub(crate) struct Hub {
-    tx: broadcast::Sender<Arc<HubEntry>>,
+    routes: Mutex<Routes>,
     nudge: Notify,
     streams: AtomicUsize,
     per_user: [Mutex<HashMap<String, usize>>; STRIPES],
@@ -345,9 +451,8 @@ pub(crate) struct Hub {
 
 impl Hub {
     pub(crate) fn new() -> Hub {
-        let (tx, _) = broadcast::channel(CHANNEL);
         Hub {
-            tx,
+            routes: Mutex::new(Routes::default()),
             nudge: Notify::new(),
             streams: AtomicUsize::new(0),
             per_user: std::array::from_fn(|_| Mutex::new(HashMap::new())),
@@ -364,6 +469,41 @@ impl Hub {
     fn stripe(&self, user: &str) -> &Mutex<HashMap<String, usize>> {
         let h = crate::sha256(user.as_bytes());
         &self.per_user[h[0] as usize % STRIPES]
+    }
+}
+
+/// A subscriber's place in the hub's routes; removed on drop.
+struct RouteId {
+    engine: Engine,
+    id: u64,
+}
+
+impl RouteId {
+    fn new(engine: &Engine) -> RouteId {
+        let mut routes = engine.inner.hub.routes.lock().expect("routes");
+        routes.next += 1;
+        RouteId {
+            engine: engine.clone(),
+            id: routes.next,
+        }
+    }
+
+    fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
+        self.engine.inner.hub.routes.lock().expect("routes")
+    }
+
+    fn register(&self, principals: &[Principal]) -> mpsc::Receiver<Arc<HubEntry>> {
+        self.routes().register(self.id, principals)
+    }
+
+    fn widen(&self, principals: &[Principal]) -> bool {
+        self.routes().widen(self.id, principals)
+    }
+}
+
+impl Drop for RouteId {
+    fn drop(&mut self) {
+        self.routes().remove(self.id);
     }
 }
 
@@ -395,7 +535,8 @@ pub struct Subscription {
     caller: Caller,
     actor: Actor,
     kind: Option<String>,
-    rx: broadcast::Receiver<Arc<HubEntry>>,
+    rx: mpsc::Receiver<Arc<HubEntry>>,
+    route: RouteId,
     /// The cursor of the last entry handled (delivered or filtered out).
     last: Option<Vec<u8>>,
     /// Whether to pull from the store before listening (a start from a
@@ -503,7 +644,8 @@ impl Engine {
         // listen; then pull what came before from the store: nothing falls
         // between.
         self.ensure_hub().await?;
-        let rx = self.inner.hub.tx.subscribe();
+        let route = RouteId::new(self);
+        let rx = route.register(&actor.principals);
         let mut pending = VecDeque::new();
         let mut last = match &since {
             Some(s) => Some(s.clone()),
@@ -530,6 +672,7 @@ impl Engine {
             actor,
             kind: kind.map(str::to_string),
             rx,
+            route,
             pulling: last.is_some(),
             last,
             pending,
@@ -601,13 +744,23 @@ impl Engine {
                         .read_feed(CHANGES, cursor.as_deref(), READ_BATCH)
                         .await?;
                     let n = entries.len();
-                    for entry in entries {
-                        cursor = Some(entry.cursor.clone());
-                        hub.read.fetch_add(1, Ordering::Relaxed);
-                        let row = decode_row(&entry)?;
-                        // No receiver is not an error: nobody listens now.
-                        let _ = hub.tx.send(Arc::new(HubEntry { entry, row }));
+                    let decoded = entries
+                        .into_iter()
+                        .map(|entry| {
+                            let row = decode_row(&entry)?;
+                            Ok(Arc::new(HubEntry { entry, row }))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    {
+                        let mut routes = hub.routes.lock().expect("routes");
+                        for e in &decoded {
+                            routes.route(e);
+                        }
                     }
+                    if let Some(e) = decoded.last() {
+                        cursor = Some(e.entry.cursor.clone());
+                    }
+                    hub.read.fetch_add(n as u64, Ordering::Relaxed);
                     if n < READ_BATCH {
                         return Ok::<_, EngineError>(());
                     }
@@ -718,17 +871,14 @@ impl Subscription {
             let wait = self
                 .due
                 .saturating_duration_since(std::time::Instant::now());
-            let got = tokio::time::timeout(wait, self.rx.recv()).await;
-            match got {
+            match tokio::time::timeout(wait, self.rx.recv()).await {
                 Err(_) => continue,
-                Ok(Ok(e)) => self.take(&e.entry, &e.row).await?,
-                Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
-                    // Behind the shared channel: catch up from the store.
-                    self.rx = self.rx.resubscribe();
+                Ok(Some(e)) => self.take(&e.entry, &e.row).await?,
+                Ok(None) => {
+                    // The queue filled and the hub let go of it: listen
+                    // again, then catch up from the store.
+                    self.rx = self.route.register(&self.actor.principals);
                     self.pulling = true;
-                }
-                Ok(Err(broadcast::error::RecvError::Closed)) => {
-                    return Err(EngineError::Unavailable("the server is stopping".into()))
                 }
             }
         }
@@ -742,7 +892,9 @@ impl Subscription {
         }
         self.last = Some(entry.cursor.clone());
         if let Some(delta) = touches(row, &self.actor) {
-            if !apply(&mut self.actor, &delta) {
+            if apply(&mut self.actor, &delta) {
+                self.widen_route();
+            } else {
                 self.unsure = true;
                 self.check().await?;
             }
@@ -784,6 +936,7 @@ impl Subscription {
             self.actor = now;
             self.unsure = false;
             self.due = std::time::Instant::now() + CHECK_EVERY;
+            self.widen_route();
             return Ok(());
         }
         if self.unsure {
@@ -795,8 +948,17 @@ impl Subscription {
         Ok(())
     }
 
+    /// Registers groups the stream reached that its route lacks. Entries
+    /// for them may already have gone past unrouted: pull again from the
+    /// last cursor (what was routed is skipped by its cursor).
+    fn widen_route(&mut self) {
+        if self.route.widen(&self.actor.principals) {
+            self.pulling = true;
+        }
+    }
+
     /// Pulls one batch from the store after the last cursor; stops pulling
-    /// at the feed's end (the channel has the rest).
+    /// at the feed's end (the queue has the rest).
     async fn pull(&mut self) -> Result<()> {
         let engine = self.engine.clone();
         let last = self.last.clone();
@@ -814,5 +976,92 @@ impl Subscription {
             self.take(&entry, &row).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u8, what: What) -> Arc<HubEntry> {
+        Arc::new(HubEntry {
+            entry: FeedEntry {
+                cursor: vec![n],
+                value: Vec::new(),
+            },
+            row: ChangeRow { at: 0, what },
+        })
+    }
+
+    fn shared_with(n: u8, readers: &[&str]) -> Arc<HubEntry> {
+        entry(
+            n,
+            What::Item {
+                id: format!("i{n}"),
+                kind: "message".into(),
+                version: 1,
+                before: Vec::new(),
+                after: readers.iter().map(|r| r.parse().unwrap()).collect(),
+                item: None,
+            },
+        )
+    }
+
+    fn joined(n: u8, who: &str, groups: &[&str]) -> Arc<HubEntry> {
+        entry(
+            n,
+            What::Member {
+                principal: who.into(),
+                gained: Some(groups.iter().map(|g| g.to_string()).collect()),
+                lost: None,
+            },
+        )
+    }
+
+    fn cursors(rx: &mut mpsc::Receiver<Arc<HubEntry>>) -> Vec<u8> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|e| e.entry.cursor[0])
+            .collect()
+    }
+
+    #[test]
+    fn entries_reach_only_the_subscribers_of_their_principals() {
+        let mut r = Routes::default();
+        let ann = ["user:ann".parse().unwrap(), Principal::Everyone];
+        let bob = ["user:bob".parse().unwrap(), "group:room1".parse().unwrap()];
+        let mut a = r.register(1, &ann);
+        let mut b = r.register(2, &bob);
+        r.route(&shared_with(1, &["group:room1"]));
+        r.route(&shared_with(2, &["group:room2"]));
+        r.route(&shared_with(3, &["everyone", "user:bob"]));
+        assert_eq!(cursors(&mut a), vec![3]);
+        assert_eq!(cursors(&mut b), vec![1, 3]);
+    }
+
+    #[test]
+    fn a_join_widens_the_route_before_the_next_entry() {
+        let mut r = Routes::default();
+        let mut b = r.register(2, &["user:bob".parse().unwrap()]);
+        r.route(&joined(1, "user:bob", &["room1", "house"]));
+        r.route(&shared_with(2, &["group:house"]));
+        assert_eq!(cursors(&mut b), vec![1, 2]);
+        // Widening by the subscriber says whether anything was new.
+        assert!(!r.widen(2, &["group:room1".parse().unwrap()]));
+        assert!(r.widen(2, &["group:room2".parse().unwrap()]));
+        r.remove(2);
+        assert!(r.by_principal.is_empty(), "nothing left behind");
+    }
+
+    #[test]
+    fn a_full_queue_is_let_go() {
+        let mut r = Routes::default();
+        let mut b = r.register(2, &["user:bob".parse().unwrap()]);
+        for n in 0..=QUEUE {
+            r.route(&shared_with((n % 250) as u8, &["user:bob"]));
+        }
+        assert!(!r.subs.contains_key(&2), "the full queue was dropped");
+        assert!(r.by_principal.is_empty());
+        assert_eq!(cursors(&mut b).len(), QUEUE, "what it held is still read");
+        assert!(b.try_recv().is_err());
     }
 }

@@ -31,6 +31,7 @@ use std::str::FromStr;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::try_join_all;
+use futures_util::FutureExt;
 use tarn_store::{
     check_read, Batch, Consistency, Direction, Expect, FeedEntry, Key, Op, ReadResult, Row, Scan,
     Snapshot, Store, StoreError, StoreResult, Table,
@@ -661,19 +662,14 @@ impl Drop for PgSnapshot {
         if !self.begun {
             return;
         }
-        match tokio::runtime::Handle::try_current() {
-            // The connection goes back to the pool once its transaction
-            // has ended.
-            Ok(rt) => {
-                rt.spawn(async move {
-                    if client.batch_execute("COMMIT").await.is_err() {
-                        // Never return a connection that may be inside a
-                        // transaction.
-                        drop(deadpool_postgres::Object::take(client));
-                    }
-                });
-            }
-            Err(_) => drop(deadpool_postgres::Object::take(client)),
+        // COMMIT is sent now and the connection goes back to the pool at
+        // once: the next holder's statements follow it on the wire, so they
+        // run after the transaction ended, and the answer to COMMIT is
+        // discarded by the connection. A read-only transaction's COMMIT
+        // fails only with its connection, which the pool then drops; one
+        // that could not even be sent is never returned.
+        if let Some(Err(_)) = client.batch_execute("COMMIT").now_or_never() {
+            drop(deadpool_postgres::Object::take(client));
         }
     }
 }

@@ -367,7 +367,7 @@ async fn a_slow_subscriber_catches_up_from_the_store() {
     let ann = sign_up(&e, "ann").await;
     let bob = sign_up(&e, "bob").await;
     let mut sub = e.subscribe(&bob, None, None).await.unwrap();
-    // Far more changes than the shared channel holds, while bob reads
+    // Far more changes than a subscriber's queue holds, while bob reads
     // nothing.
     let mut tasks = Vec::new();
     for w in 0..4 {
