@@ -4,8 +4,9 @@
 //!
 //! - [`Engine::changes`] pulls a bounded page from a cursor.
 //! - Each serving node runs one *hub*: a single task that reads the feed
-//!   from the store (woken at once by this node's own writes, and every
-//!   [`POLL`] otherwise, so changes committed on other nodes arrive too) and
+//!   from the store (woken by this node's own writes, reading at most every
+//!   [`GAP`] so a stream of writes is read in batches, and every [`POLL`]
+//!   otherwise, so changes committed on other nodes arrive too) and
 //!   routes each entry to the subscribers registered under one of the
 //!   principals it names (an item's readers before and after; a membership
 //!   entry's member), each through a bounded queue of its own: a message to
@@ -49,6 +50,10 @@ pub(crate) const CHANGES: Table = Table::new("changes");
 /// indexed read of the feed's end; 20 a second cost a node nothing it
 /// would notice.
 pub const POLL: Duration = Duration::from_millis(50);
+/// The least time between two of a hub's reads: under a stream of writes
+/// the hub reads every few milliseconds, a batch each time, instead of once
+/// for every write; after a quiet spell it reads at once.
+const GAP: Duration = Duration::from_millis(5);
 /// Entries a hub or a pull reads per store call.
 const READ_BATCH: usize = 256;
 /// Entries one pull looks at, at most, however few the caller may see.
@@ -736,7 +741,12 @@ impl Engine {
     async fn run_hub(&self, start: Vec<u8>) {
         let hub = &self.inner.hub;
         let mut cursor = Some(start);
+        let mut read_at = tokio::time::Instant::now();
         loop {
+            if read_at.elapsed() < GAP {
+                tokio::time::sleep_until(read_at + GAP).await;
+            }
+            read_at = tokio::time::Instant::now();
             let step = async {
                 let mut snap = self.snapshot().await?;
                 loop {
