@@ -161,6 +161,7 @@ async fn reader_loop(
 ) {
     let mut last: Option<String> = None;
     let mut announced = false;
+    let mut arrivals: Vec<(String, Instant)> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let stream = http
             .events("/api/v1/events?kind=message", Some(&token), last.as_deref())
@@ -177,11 +178,18 @@ async fn reader_loop(
             announced = true;
             let _ = ready.send(()).await;
         }
+        // One timer per stream, not one per event: it only looks at `stop`.
+        let tick = tokio::time::sleep(Duration::from_millis(250));
+        tokio::pin!(tick);
         loop {
             let next = tokio::select! {
                 n = stream.next() => n,
-                _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                    if stop.load(Ordering::Relaxed) { return; }
+                _ = &mut tick => {
+                    if stop.load(Ordering::Relaxed) {
+                        record(&ledger, me, &mut arrivals);
+                        return;
+                    }
+                    tick.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(250));
                     continue;
                 }
             };
@@ -192,15 +200,10 @@ async fn reader_loop(
                     if e.id.is_some() {
                         last = e.id.clone();
                     }
-                    let v: Value = serde_json::from_str(&e.data).unwrap_or(Value::Null);
-                    if let Some(m) = v["item"]["properties"]["msg"].as_str() {
-                        ledger
-                            .lock()
-                            .unwrap()
-                            .arrivals
-                            .entry((me, m.to_string()))
-                            .or_default()
-                            .push(at);
+                    if let Ok(Delivered { item: Some(item) }) = serde_json::from_str(&e.data) {
+                        if let Some(m) = item.properties.msg {
+                            arrivals.push((m, at));
+                        }
                     }
                 }
                 Ok(None) | Err(_) => {
@@ -209,6 +212,32 @@ async fn reader_loop(
                 }
             }
         }
+    }
+    record(&ledger, me, &mut arrivals);
+}
+
+/// The one field of a delivered change the kit reads: the message's id.
+#[derive(serde::Deserialize)]
+struct Delivered {
+    item: Option<DeliveredItem>,
+}
+
+#[derive(serde::Deserialize)]
+struct DeliveredItem {
+    properties: DeliveredProperties,
+}
+
+#[derive(serde::Deserialize)]
+struct DeliveredProperties {
+    msg: Option<String>,
+}
+
+/// Moves a reader's arrivals into the ledger: once, when it stops, so the
+/// readers do not contend for the ledger on every event.
+fn record(ledger: &Mutex<Ledger>, me: usize, arrivals: &mut Vec<(String, Instant)>) {
+    let mut l = ledger.lock().unwrap();
+    for (m, at) in arrivals.drain(..) {
+        l.arrivals.entry((me, m)).or_default().push(at);
     }
 }
 
