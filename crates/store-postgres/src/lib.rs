@@ -6,13 +6,19 @@
 //!   exactly as the contract orders clustering keys.
 //! - Pooled connections (deadpool), statements prepared once per connection.
 //!   Several reads of one call are pipelined on one connection.
-//! - A write is one transaction. Guards lock their rows first, in key order:
-//!   `SELECT … FOR UPDATE` for a version guard; for an absent guard, an
-//!   `INSERT … ON CONFLICT DO NOTHING` of a placeholder, whose uniqueness
-//!   check makes a concurrent inserter wait for our outcome and then see the
-//!   row. The ops follow as one bulk upsert and one bulk delete, deduplicated
-//!   and sorted by key, so concurrent writers take row locks in one order.
-//!   Placeholders not overwritten are removed before commit.
+//! - A write is one transaction in two round trips: `BEGIN` and every
+//!   statement go out together, then `COMMIT` (or `ROLLBACK` when a guard
+//!   failed). Guards come first, in key order: `SELECT … FOR UPDATE` for a
+//!   version guard on a row the write changes, `FOR SHARE` on a row it only
+//!   depends on (so writers depending on one row do not queue behind each
+//!   other); for an absent guard, an `INSERT … ON CONFLICT DO NOTHING` of a
+//!   placeholder, whose uniqueness check makes a concurrent inserter wait for
+//!   our outcome and then see the row. The ops follow as one bulk upsert and
+//!   one bulk delete, deduplicated and sorted by key, and run whatever the
+//!   guards found: a failed guard is reported after the fact and the whole
+//!   transaction rolled back. Placeholders not overwritten are removed
+//!   before commit. A write runs in a task of its own, so a request that
+//!   goes away cannot leave its connection inside the transaction.
 //! - Deadlocks and serialization failures surface as
 //!   [`StoreError::Conflict`], connection trouble as
 //!   [`StoreError::Unavailable`]: the engine retries both with backoff.
@@ -474,15 +480,18 @@ struct PgSnapshot {
 impl Snapshot for PgSnapshot {
     async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult> {
         check_read(gets, scans)?;
+        // Marked begun before BEGIN goes out: a read dropped half-way still
+        // has its transaction ended when the snapshot is.
+        let begin_now = !std::mem::replace(&mut self.begun, true);
         let client = self.client.as_ref().expect("held until drop");
         let begin = async {
-            if self.begun {
-                Ok(())
-            } else {
+            if begin_now {
                 client
                     .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     .await
                     .map_err(map_err)
+            } else {
+                Ok(())
             }
         };
         // Polled together, the statements go out in this order on one
@@ -493,7 +502,6 @@ impl Snapshot for PgSnapshot {
             try_join_all(scans.iter().map(|s| scan_on(client, s))),
         );
         begun?;
-        self.begun = true;
         Ok(ReadResult {
             rows: rows?,
             scans: scans?,
@@ -642,13 +650,14 @@ fn cursor_bytes(xid: i64, seq: i64) -> Vec<u8> {
 impl PgSnapshot {
     /// The snapshot's connection, its transaction begun.
     async fn begun(&mut self) -> StoreResult<&deadpool_postgres::Client> {
+        // Marked first, as in `read`.
+        let begin_now = !std::mem::replace(&mut self.begun, true);
         let client = self.client.as_ref().expect("held until drop");
-        if !self.begun {
+        if begin_now {
             client
                 .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 .await
                 .map_err(map_err)?;
-            self.begun = true;
         }
         Ok(client)
     }
@@ -697,24 +706,14 @@ impl Store for PgStore {
         if batch.is_empty() {
             return Ok(());
         }
-        let client = self.pool.get().await.map_err(pool_err)?;
-        // BEGIN goes out with the batch's statements: one round trip, then
-        // the commit's.
-        let (begun, applied) = tokio::join!(client.batch_execute("BEGIN"), apply(&client, &batch));
-        let applied = begun.map_err(map_err).and(applied);
-        let end = match &applied {
-            Ok(()) => client.batch_execute("COMMIT").await.map_err(map_err),
-            Err(_) => client.batch_execute("ROLLBACK").await.map_err(map_err),
-        };
-        match (applied, end) {
-            (Err(e), Ok(())) => Err(e),
-            (Err(e), Err(_)) => {
-                // The connection may be in a transaction: never reuse it.
-                drop(deadpool_postgres::Object::take(client));
-                Err(e)
-            }
-            (Ok(()), end) => end,
-        }
+        let pool = self.pool.clone();
+        // In a task of its own: were this future dropped after the batch
+        // went out (a client gone), the connection would return to the pool
+        // inside the transaction, and the next holder's COMMIT would commit
+        // it, failed guards and all. The task always ends it.
+        tokio::spawn(async move { write_on(&pool, &batch).await })
+            .await
+            .map_err(|e| StoreError::Other(format!("a write's task failed: {e}")))?
     }
 
     async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
@@ -742,6 +741,27 @@ impl Store for PgStore {
             .await
             .map_err(map_err)?;
         Ok(n as usize)
+    }
+}
+
+/// A write on a pooled connection: `BEGIN` goes out with the batch's
+/// statements (one round trip), then `COMMIT` or `ROLLBACK` (the second).
+async fn write_on(pool: &Pool, batch: &Batch) -> StoreResult<()> {
+    let client = pool.get().await.map_err(pool_err)?;
+    let (begun, applied) = tokio::join!(client.batch_execute("BEGIN"), apply(&client, batch));
+    let applied = begun.map_err(map_err).and(applied);
+    let end = match &applied {
+        Ok(()) => client.batch_execute("COMMIT").await.map_err(map_err),
+        Err(_) => client.batch_execute("ROLLBACK").await.map_err(map_err),
+    };
+    match (applied, end) {
+        (Err(e), Ok(())) => Err(e),
+        (Err(e), Err(_)) => {
+            // The connection may be in a transaction: never reuse it.
+            drop(deadpool_postgres::Object::take(client));
+            Err(e)
+        }
+        (Ok(()), end) => end,
     }
 }
 
