@@ -29,7 +29,7 @@
 //! - Entries older than the retention are trimmed in bounded batches; a
 //!   cursor older than the last trimmed entry is answered [`EngineError::Gone`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -346,11 +346,19 @@ pub(crate) struct HubEntry {
 
 /// Where the hub sends entries: each subscriber's queue, and who is
 /// registered under each principal.
+///
+/// One lock per node, and deliberately so: the hub takes it once per batch
+/// it reads, and a stream when it opens, closes, widens its route or checks
+/// its place; no item read or write, and no delivery to a waiting stream,
+/// ever touches it. It replaces a broadcast channel whose lock every stream
+/// took for every entry.
 #[derive(Default)]
 struct Routes {
     next: u64,
     subs: HashMap<u64, Route>,
-    by_principal: HashMap<Principal, Vec<u64>>,
+    by_principal: HashMap<Principal, HashSet<u64>>,
+    /// The cursor of the last entry the hub routed.
+    cursor: Option<Vec<u8>>,
 }
 
 struct Route {
@@ -368,7 +376,7 @@ impl Routes {
         for p in principals {
             if !route.principals.contains(p) {
                 route.principals.push(p.clone());
-                self.by_principal.entry(p.clone()).or_default().push(id);
+                self.by_principal.entry(p.clone()).or_default().insert(id);
                 grew = true;
             }
         }
@@ -396,7 +404,7 @@ impl Routes {
         };
         for p in &route.principals {
             if let Some(ids) = self.by_principal.get_mut(p) {
-                ids.retain(|&i| i != id);
+                ids.remove(&id);
                 if ids.is_empty() {
                     self.by_principal.remove(p);
                 }
@@ -418,6 +426,7 @@ impl Routes {
                 principal, gained, ..
             } => {
                 let Ok(p) = principal.parse::<Principal>() else {
+                    tracing::error!(%principal, "a membership change names no principal; no stream gets it");
                     return;
                 };
                 to.extend(self.by_principal.get(&p).into_iter().flatten());
@@ -503,6 +512,16 @@ impl RouteId {
 
     fn widen(&self, principals: &[Principal]) -> bool {
         self.routes().widen(self.id, principals)
+    }
+
+    /// The hub's place, if this route is live and `rx`, its queue, is empty.
+    fn caught_up(&self, rx: &mpsc::Receiver<Arc<HubEntry>>) -> Option<Vec<u8>> {
+        let routes = self.routes();
+        if routes.subs.contains_key(&self.id) && rx.is_empty() {
+            routes.cursor.clone()
+        } else {
+            None
+        }
     }
 }
 
@@ -754,22 +773,29 @@ impl Engine {
                         .read_feed(CHANGES, cursor.as_deref(), READ_BATCH)
                         .await?;
                     let n = entries.len();
-                    let decoded = entries
+                    let Some(end) = entries.last().map(|e| e.cursor.clone()) else {
+                        return Ok(());
+                    };
+                    let decoded: Vec<Arc<HubEntry>> = entries
                         .into_iter()
-                        .map(|entry| {
-                            let row = decode_row(&entry)?;
-                            Ok(Arc::new(HubEntry { entry, row }))
+                        .filter_map(|entry| match decode_row(&entry) {
+                            Ok(row) => Some(Arc::new(HubEntry { entry, row })),
+                            Err(e) => {
+                                // Read past, or every stream here would stop
+                                // at it: no stream can be told what it was.
+                                tracing::error!(error = %e, "a change entry no stream gets");
+                                None
+                            }
                         })
-                        .collect::<Result<Vec<_>>>()?;
+                        .collect();
                     {
                         let mut routes = hub.routes.lock().expect("routes");
                         for e in &decoded {
                             routes.route(e);
                         }
+                        routes.cursor = Some(end.clone());
                     }
-                    if let Some(e) = decoded.last() {
-                        cursor = Some(e.entry.cursor.clone());
-                    }
+                    cursor = Some(end);
                     hub.read.fetch_add(n as u64, Ordering::Relaxed);
                     if n < READ_BATCH {
                         return Ok::<_, EngineError>(());
@@ -924,22 +950,42 @@ impl Subscription {
     /// hold a membership change whose entry the stream has not reached, and
     /// the changes before that entry must be filtered with the groups from
     /// before it. The store's groups are taken as they are only where they
-    /// describe the stream's place: when the same snapshot has no entry the
-    /// stream has not handled. That also corrects what entries cannot say
-    /// exactly (two membership changes of one caller written at once each
-    /// compute their delta without the other's). Elsewhere the tracked
-    /// groups stay, narrowed to the store's when they are unsure, and the
-    /// check comes again in a second.
+    /// describe the stream's place: when the same snapshot holds no
+    /// membership entry the stream has not handled that could move its
+    /// groups. That also corrects what entries cannot say exactly (two
+    /// membership changes of one caller written at once each compute their
+    /// delta without the other's). Elsewhere the tracked groups stay,
+    /// narrowed to the store's when they are unsure, and the check comes
+    /// again in a second.
+    ///
+    /// The stream's place is the hub's when its queue is empty: everything
+    /// the hub routed to it is handled, and what the hub did not route names
+    /// none of its principals.
     async fn check(&mut self) -> Result<()> {
+        if let Some(at) = self.route.caught_up(&self.rx) {
+            if self.last.as_ref().is_none_or(|l| at > *l) {
+                self.last = Some(at);
+            }
+        }
         let engine = self.engine.clone();
         let caller = self.caller.clone();
         let last = self.last.clone();
+        let mine = self.actor.principals.clone();
         let (now, behind) = engine
             .retrying(|| async {
                 let mut snap = engine.snapshot().await?;
                 let (actor, _) = engine.resolve(&mut snap, &caller, &[], &[]).await?;
-                let unread = snap.read_feed(CHANGES, last.as_deref(), 1).await?;
-                Ok((actor, !unread.is_empty()))
+                let unread = snap.read_feed(CHANGES, last.as_deref(), READ_BATCH).await?;
+                let moves = |e: &FeedEntry| match decode_row(e).map(|r| r.what) {
+                    Ok(What::Member { principal, .. }) => mine
+                        .iter()
+                        .chain(&actor.principals)
+                        .any(|p| p.to_string() == principal),
+                    Ok(What::Item { .. }) => false,
+                    Err(_) => true,
+                };
+                let behind = unread.len() == READ_BATCH || unread.iter().any(moves);
+                Ok((actor, behind))
             })
             .await?;
         if !behind {

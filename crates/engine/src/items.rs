@@ -290,10 +290,10 @@ impl Engine {
                 .guard(entry, Expect::Absent);
             match &own.rows[1] {
                 Some(r) => b.guard(stamp_key.clone(), Expect::Version(r.version)),
-                // The bucket's first create writes its stamp at 0 (no
-                // declaration yet), so later creates depend on a row that
-                // exists: on PostgreSQL they share its lock instead of
-                // queueing on a claim of the same absent key.
+                // The bucket's first create writes its stamp at 0 (no index
+                // of this kind built yet), so later creates guard a row that
+                // exists, which a store can let them share, rather than the
+                // absence of one, which each would have to claim in turn.
                 None => b
                     .put(stamp_key.clone(), schema::MARK.to_vec(), 0)
                     .guard(stamp_key.clone(), Expect::Absent),
