@@ -176,16 +176,24 @@ fn encode_forward(impacts: &BTreeMap<String, u16>) -> Vec<u8> {
     out
 }
 
-fn decode_forward(bytes: &[u8]) -> Result<HashMap<&str, u16>> {
+/// The best impact of each slot's terms in a forward row (`None` where
+/// the item has none of them), in one pass over the row: nothing else of
+/// it is decoded (a hash map of every term per candidate was most of a
+/// search's instructions).
+fn slot_impacts(bytes: &[u8], slots: &[Slot]) -> Result<Vec<Option<u16>>> {
     let bad = || crate::error::corrupt("forward row", "truncated");
-    let mut out = HashMap::new();
+    let mut out = vec![None; slots.len()];
     let mut i = 0;
     while i < bytes.len() {
         let n = bytes[i] as usize;
         let t = bytes.get(i + 1..i + 1 + n).ok_or_else(bad)?;
         let imp = bytes.get(i + 1 + n..i + 3 + n).ok_or_else(bad)?;
-        let t = std::str::from_utf8(t).map_err(|e| crate::error::corrupt("forward row", e))?;
-        out.insert(t, u16::from_be_bytes([imp[0], imp[1]]));
+        let imp = u16::from_be_bytes([imp[0], imp[1]]);
+        for (best, s) in out.iter_mut().zip(slots) {
+            if s.terms.iter().any(|q| q.as_bytes() == t) && best.is_none_or(|b| b < imp) {
+                *best = Some(imp);
+            }
+        }
         i += 3 + n;
     }
     Ok(out)
@@ -322,8 +330,10 @@ struct Slot {
     merge: Merge,
     /// The impact of the last row taken: no unread row has a higher one.
     last: u16,
-    /// Every row has been taken.
+    /// No more rows are read (all taken, or the scan budget spent).
     done: bool,
+    /// Every row has been taken: an item not seen here lacks the word.
+    complete: bool,
     read: usize,
 }
 
@@ -533,12 +543,14 @@ impl Engine {
                     merge,
                     last: u16::MAX,
                     done: false,
+                    complete: false,
                     read: 0,
                 }
             })
             .collect();
         let mut best: BTreeMap<Place, ()> = BTreeMap::new();
-        let mut checked: HashSet<String> = HashSet::new();
+        let n_slots = slots.len();
+        let mut seen: HashMap<String, Vec<Option<u16>>> = HashMap::new();
         let mut batch = 32usize;
         loop {
             // Sorted access: the next rows of every word, in one read per
@@ -579,8 +591,10 @@ impl Engine {
                     }
                 }
             }
-            let mut candidates: Vec<String> = Vec::new();
-            for s in slots.iter_mut().filter(|s| !s.done) {
+            // Sorted access: the rows of every word in impact order. An
+            // item's first row in a word carries its best impact there.
+            let mut fresh: Vec<String> = Vec::new();
+            for (i, s) in slots.iter_mut().enumerate().filter(|(_, s)| !s.done) {
                 let rows = s.merge.drain();
                 s.read += rows.len();
                 for row in &rows {
@@ -588,35 +602,57 @@ impl Engine {
                     let strip = decode_str(&row.clustering).map_or(0, |(_, n)| n);
                     if let Some((impact, id)) = parse_row(row, strip) {
                         s.last = impact;
-                        if checked.insert(id.clone()) {
-                            candidates.push(id);
-                        }
+                        let known = seen.entry(id).or_insert_with_key(|id| {
+                            fresh.push(id.clone());
+                            vec![None; n_slots]
+                        });
+                        known[i].get_or_insert(impact);
                     }
                 }
-                if s.merge.finished() || s.read >= SCAN_BUDGET {
+                s.complete = s.merge.finished();
+                if s.complete || s.read >= SCAN_BUDGET {
                     s.done = true;
                     s.last = 0;
                 }
             }
-            // Random access: each new candidate's impacts of every word.
-            let keys: Vec<Key> = candidates.iter().map(|id| forward_key(def, id)).collect();
+            // Each new candidate's impact in every word: known from the
+            // rows read, absent from a word read to its end, or else read
+            // from its forward row (random access).
+            let mut direct: Vec<(String, Vec<Option<u16>>)> = Vec::new();
+            let mut lookup: Vec<String> = Vec::new();
+            for id in fresh {
+                let known = &seen[&id];
+                let settled = known
+                    .iter()
+                    .zip(&slots)
+                    .all(|(k, s)| k.is_some() || s.complete);
+                let lacks_one = known
+                    .iter()
+                    .zip(&slots)
+                    .any(|(k, s)| k.is_none() && s.complete);
+                if q.all && lacks_one {
+                    continue;
+                }
+                if settled {
+                    direct.push((id.clone(), known.clone()));
+                } else {
+                    lookup.push(id);
+                }
+            }
+            let keys: Vec<Key> = lookup.iter().map(|id| forward_key(def, id)).collect();
             let fwd = crate::read(snap, &keys, &[]).await?.rows;
-            for (id, row) in candidates.into_iter().zip(fwd) {
-                let Some(row) = row else { continue };
-                let impacts = decode_forward(&row.value)?;
+            let mut found = direct;
+            for (id, row) in lookup.into_iter().zip(fwd) {
+                if let Some(row) = row {
+                    found.push((id, slot_impacts(&row.value, &slots)?));
+                }
+            }
+            for (id, impacts) in found {
                 let mut sum = 0u64;
                 let mut matched = 0u64;
-                for s in &slots {
-                    let best_term = s
-                        .terms
-                        .iter()
-                        .filter_map(|t| impacts.get(t.as_str()))
-                        .max()
-                        .copied();
-                    if let Some(i) = best_term {
-                        sum += u64::from(i);
-                        matched += 1;
-                    }
+                for i in impacts.into_iter().flatten() {
+                    sum += u64::from(i);
+                    matched += 1;
                 }
                 let passes = if q.all {
                     matched == slots.len() as u64

@@ -157,6 +157,87 @@ async fn words_are_analysed_ranked_and_matched() {
     let _ = other;
 }
 
+/// Long lists: words in more items than a first read takes, so scores
+/// come from forward rows as well as from the rows read; every item with
+/// both words is found, in score order, and an item's score is the sum of
+/// its words' scores found alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_lists_score_alike_from_rows_and_forward_rows() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    text_index(
+        &e,
+        "doc-text",
+        "doc",
+        &[],
+        vec![tf("title", 3.0), tf("description", 1.0)],
+    )
+    .await;
+    let mut both = BTreeSet::new();
+    for i in 0..150usize {
+        // "oak" in every item, "elm" in every third; how often each occurs
+        // varies so impacts differ.
+        let mut words = vec!["oak"; 1 + i % 5];
+        if i % 3 == 0 {
+            words.extend(vec!["elm"; 1 + i % 7]);
+        }
+        words.extend(vec!["filler"; i % 11]);
+        let p = props(json!({"title": format!("t{i}"), "description": words.join(" ")}));
+        let id = e.create_item(&ann, "doc", p, vec![]).await.unwrap().item.id;
+        if i % 3 == 0 {
+            both.insert(id);
+        }
+    }
+    let single = |w: &'static str| {
+        let (e, ann) = (e.clone(), ann.clone());
+        async move {
+            let hits = all_pages(
+                &e,
+                &ann,
+                SearchQuery {
+                    q: w.into(),
+                    limit: 7,
+                    ..q("")
+                },
+            )
+            .await;
+            hits.into_iter()
+                .map(|(id, s)| (id, milli(s)))
+                .collect::<BTreeMap<_, _>>()
+        }
+    };
+    let (oak, elm) = (single("oak").await, single("elm").await);
+    assert_eq!(oak.len(), 150);
+    assert_eq!(elm.len(), 50);
+    for all in [true, false] {
+        let got = all_pages(
+            &e,
+            &ann,
+            SearchQuery {
+                q: "oak elm".into(),
+                all,
+                limit: 7,
+                ..q("")
+            },
+        )
+        .await;
+        let ids: BTreeSet<String> = got.iter().map(|h| h.0.clone()).collect();
+        assert_eq!(got.len(), ids.len(), "no hit twice");
+        if all {
+            assert_eq!(ids, both);
+        } else {
+            assert_eq!(ids.len(), 150);
+        }
+        for (id, score) in &got {
+            let sum = oak.get(id).unwrap_or(&0) + elm.get(id).unwrap_or(&0);
+            assert_eq!(milli(*score), sum, "{id}, all={all}");
+        }
+        // Best first; with match=any, both words before one.
+        let key = |(id, s): &(String, f64)| (both.contains(id) || all, milli(*s));
+        assert!(got.windows(2).all(|w| key(&w[0]) >= key(&w[1])), "{got:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn search_respects_sharing_and_sees_every_change() {
     let e = common::memory();
@@ -593,6 +674,23 @@ async fn run_model(e: Engine, ops: Vec<Op>) {
                     }))
         };
         let caller = common::user(&format!("u{u}"));
+        // Each word's score in each item, in thousandths: a query's score
+        // is the sum of its matched words' (whether an item's impacts come
+        // from the rows read or from its forward row).
+        let mut single: Vec<BTreeMap<String, u64>> = Vec::new();
+        for w in VOCAB {
+            let hits = all_pages(
+                &e,
+                &caller,
+                SearchQuery {
+                    q: w.to_string(),
+                    limit: 3,
+                    ..q("")
+                },
+            )
+            .await;
+            single.push(hits.into_iter().map(|(id, s)| (id, milli(s))).collect());
+        }
         #[allow(clippy::needless_range_loop)]
         for a in 0..VOCAB.len() {
             for b in a..VOCAB.len() {
@@ -614,6 +712,10 @@ async fn run_model(e: Engine, ops: Vec<Op>) {
                         ..q("")
                     };
                     let got = all_pages(&e, &caller, query).await;
+                    for (id, score) in &got {
+                        let sum: u64 = words.iter().filter_map(|w| single[*w].get(id)).sum();
+                        assert_eq!(milli(*score), sum, "{id}: {words:?} all={all}");
+                    }
                     let got_ids: BTreeSet<String> = got.iter().map(|h| h.0.clone()).collect();
                     assert_eq!(got.len(), got_ids.len(), "no hit twice");
                     assert_eq!(
@@ -636,6 +738,10 @@ async fn run_model(e: Engine, ops: Vec<Op>) {
             }
         }
     }
+}
+
+fn milli(score: f64) -> u64 {
+    (score * 1000.0).round() as u64
 }
 
 fn cases() -> u32 {
