@@ -274,6 +274,12 @@ impl Merge {
     /// of leading key bytes that take no part in ordering.
     pub(crate) fn add_ranges(&mut self, ranges: Vec<Range>, expected: usize) {
         let first = self.first_read(expected);
+        self.add_ranges_reading(ranges, first);
+    }
+
+    /// Adds clustering ranges whose first reads take `first` rows each.
+    pub(crate) fn add_ranges_reading(&mut self, ranges: Vec<Range>, first: usize) {
+        let first = first.max(1);
         for (partition, lower, upper, strip) in ranges {
             let i = self.sources.len();
             self.sources.push(Source {

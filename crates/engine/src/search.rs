@@ -518,10 +518,11 @@ impl Engine {
                 slot_terms.push(unique);
             }
         }
+        let mut batch = want;
         let mut slots: Vec<Slot> = slot_terms
             .into_iter()
             .map(|terms| {
-                let mut merge = Merge::new(INDEX, Direction::Forward, None, 32);
+                let mut merge = Merge::new(INDEX, Direction::Forward, None, batch);
                 let mut ranges = Vec::new();
                 for t in &terms {
                     let mut exact = Vec::new();
@@ -536,8 +537,11 @@ impl Engine {
                         ));
                     }
                 }
-                let n = ranges.len();
-                merge.add_ranges(ranges, n);
+                // Rows spread over the caller's partitions: each first
+                // read takes twice its share of the batch, and a partition
+                // that runs dry before the merge has its batch is read on.
+                let first = (2 * batch / ranges.len().max(1)).max(4).min(batch);
+                merge.add_ranges_reading(ranges, first);
                 Slot {
                     terms,
                     merge,
@@ -551,7 +555,6 @@ impl Engine {
         let mut best: BTreeMap<Place, ()> = BTreeMap::new();
         let n_slots = slots.len();
         let mut seen: HashMap<String, Vec<Option<u16>>> = HashMap::new();
-        let mut batch = 32usize;
         loop {
             // Sorted access: the next rows of every word, in one read per
             // round (more if merges need refills).
