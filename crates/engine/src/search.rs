@@ -22,8 +22,9 @@
 //! algorithm: new candidates are checked against their forward rows, and
 //! reading stops once no unread row can lift an item into the page. A
 //! prefix (search-as-you-type) is expanded to the terms that start with it
-//! by one bounded read of the caller's own partitions of its first two
-//! characters — never a scan across partitions.
+//! by a few bounded reads of the caller's own partitions of its first two
+//! characters, each skipping past the rows of the last term it saw — never
+//! a scan across partitions.
 //!
 //! Bounds: a query has at most [`MAX_WORDS`] words and [`MAX_QUERY`] bytes;
 //! a prefix expands to at most [`MAX_EXPANSION`] terms; one search looks at
@@ -57,6 +58,10 @@ pub const MAX_WORDS: usize = 16;
 pub const MAX_QUERY: usize = 1024;
 /// Most terms a prefix expands to.
 pub const MAX_EXPANSION: usize = 32;
+/// Rows a prefix's expansion reads per partition and round.
+const EXPAND_ROWS: usize = 8;
+/// Rounds of a prefix's expansion.
+const EXPAND_ROUNDS: usize = 8;
 /// Most index rows one search reads per word.
 pub const SCAN_BUDGET: usize = 20_000;
 /// Words a body keeps for indexing: its most used.
@@ -337,6 +342,27 @@ struct Slot {
     read: usize,
 }
 
+/// What a prefix expands to.
+struct Expansion {
+    prefix: String,
+    terms: Vec<String>,
+    /// For each partition read to its end, every term it has that starts
+    /// with the prefix.
+    listed: Vec<Option<HashSet<String>>>,
+}
+
+impl Expansion {
+    /// Whether partition `i` surely has no row of `term`: a search reads
+    /// only the partitions that hold the terms a prefix expanded to.
+    fn lacks(&self, i: usize, term: &str) -> bool {
+        term.starts_with(&self.prefix)
+            && self
+                .listed
+                .get(i)
+                .is_some_and(|l| l.as_ref().is_some_and(|l| !l.contains(term)))
+    }
+}
+
 /// The (impact, id) of a term row, past its term.
 fn parse_row(row: &Row, strip: usize) -> Option<(u16, String)> {
     let rest = row.clustering.get(strip..)?;
@@ -498,15 +524,14 @@ impl Engine {
                 .collect()
         };
         // The terms of each word; the last one expanded when prefix.
-        let mut slot_terms: Vec<Vec<String>> = Vec::new();
+        let mut slot_terms: Vec<(Vec<String>, Option<Expansion>)> = Vec::new();
         for (i, w) in query_words.iter().enumerate() {
             let mut terms = vec![analyzer.term(w)];
+            let mut expansion = None;
             if q.prefix && i + 1 == query_words.len() && w.chars().count() >= 2 {
-                for t in self.expand(snap, &partitions(w), w).await? {
-                    if !terms.contains(&t) {
-                        terms.push(t);
-                    }
-                }
+                let e = self.expand(snap, &partitions(w), w).await?;
+                terms.extend(e.terms.iter().cloned());
+                expansion = Some(e);
             }
             let mut unique = Vec::new();
             for t in terms {
@@ -514,21 +539,24 @@ impl Engine {
                     unique.push(t);
                 }
             }
-            if !slot_terms.contains(&unique) {
-                slot_terms.push(unique);
+            if !slot_terms.iter().any(|(t, _)| *t == unique) {
+                slot_terms.push((unique, expansion));
             }
         }
         let mut batch = want;
         let mut slots: Vec<Slot> = slot_terms
             .into_iter()
-            .map(|terms| {
+            .map(|(terms, expansion)| {
                 let mut merge = Merge::new(INDEX, Direction::Forward, None, batch);
                 let mut ranges = Vec::new();
                 for t in &terms {
                     let mut exact = Vec::new();
                     encode_str(&mut exact, t);
                     let upper = successor(&exact).map_or(Bound::Unbounded, Bound::Excluded);
-                    for p in partitions(t) {
+                    for (i, p) in partitions(t).into_iter().enumerate() {
+                        if expansion.as_ref().is_some_and(|e| e.lacks(i, t)) {
+                            continue;
+                        }
                         ranges.push((
                             p,
                             Bound::Included(exact.clone()),
@@ -706,38 +734,69 @@ impl Engine {
     }
 
     /// The terms that start with `prefix` in the caller's partitions of its
-    /// first two characters: one bounded read.
+    /// first two characters. Each round reads a few rows of every partition
+    /// still open and then skips the rest of the last term it saw, so a
+    /// term held by many items costs one row, not all of them: at most
+    /// [`EXPAND_ROUNDS`] reads of [`EXPAND_ROWS`] rows per partition.
     async fn expand(
         &self,
         snap: &mut Box<dyn Snapshot>,
         partitions: &[Vec<u8>],
         prefix: &str,
-    ) -> Result<Vec<String>> {
+    ) -> Result<Expansion> {
         let lower = encoded_prefix(prefix);
         let upper = successor(&lower).map_or(Bound::Unbounded, Bound::Excluded);
-        let per = (4096 / partitions.len().max(1)).clamp(8, 256);
-        let scans: Vec<Scan> = partitions
-            .iter()
-            .map(|p| {
-                Scan::partition(INDEX, p.clone(), per)
-                    .bounds(Bound::Included(lower.clone()), upper.clone())
-            })
-            .collect();
-        let out = crate::read(snap, &[], &scans).await?;
+        let mut from: Vec<Option<Bound<Vec<u8>>>> =
+            vec![Some(Bound::Included(lower)); partitions.len()];
         let mut terms: Vec<String> = Vec::new();
-        for rows in out.scans {
-            for r in rows {
-                if let Some((t, _)) = decode_str(&r.clustering) {
-                    if !terms.contains(&t) {
-                        terms.push(t);
+        let mut listed: Vec<HashSet<String>> = vec![HashSet::new(); partitions.len()];
+        for _ in 0..EXPAND_ROUNDS {
+            let open: Vec<usize> = (0..partitions.len())
+                .filter(|i| from[*i].is_some())
+                .collect();
+            if open.is_empty() || terms.len() >= MAX_EXPANSION {
+                break;
+            }
+            let scans: Vec<Scan> = open
+                .iter()
+                .map(|i| {
+                    let lower = from[*i].clone().expect("open");
+                    Scan::partition(INDEX, partitions[*i].clone(), EXPAND_ROWS)
+                        .bounds(lower, upper.clone())
+                })
+                .collect();
+            let out = crate::read(snap, &[], &scans).await?;
+            for (i, rows) in open.into_iter().zip(out.scans) {
+                let mut last = None;
+                for r in &rows {
+                    if let Some((t, n)) = decode_str(&r.clustering) {
+                        last = Some(r.clustering[..n].to_vec());
+                        if !terms.contains(&t) {
+                            terms.push(t.clone());
+                        }
+                        listed[i].insert(t);
                     }
                 }
+                // Past every row of the last term seen.
+                from[i] = match last.and_then(|l| successor(&l)) {
+                    Some(next) if rows.len() == EXPAND_ROWS => Some(Bound::Included(next)),
+                    _ => None,
+                };
             }
         }
         // The shortest first: the words being typed are likeliest.
         terms.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
         terms.truncate(MAX_EXPANSION);
-        Ok(terms)
+        let listed = listed
+            .into_iter()
+            .zip(from)
+            .map(|(l, open)| open.is_none().then_some(l))
+            .collect();
+        Ok(Expansion {
+            prefix: prefix.to_string(),
+            terms,
+            listed,
+        })
     }
 }
 

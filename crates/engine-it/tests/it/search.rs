@@ -238,6 +238,53 @@ async fn long_lists_score_alike_from_rows_and_forward_rows() {
     }
 }
 
+/// A prefix finds every term that starts with it, also when each term is
+/// held by more items than one read of the expansion takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_expands_past_terms_held_by_many_items() {
+    let (e, _dir) = common::sqlite();
+    let ann = sign_up(&e, "ann").await;
+    text_index(&e, "doc-text", "doc", &[], vec![tf("title", 1.0)]).await;
+    let words = ["zorba", "zorbo", "zorca", "zordo", "zorfo", "zorgo"];
+    let mut all = BTreeSet::new();
+    for w in words {
+        for i in 0..12 {
+            let p = props(json!({"title": format!("{w} t{i}")}));
+            all.insert(
+                e.create_item(&ann, "doc", p, everyone())
+                    .await
+                    .unwrap()
+                    .item
+                    .id,
+            );
+        }
+    }
+    let got = ids(
+        &e,
+        &ann,
+        SearchQuery {
+            q: "zor".into(),
+            prefix: true,
+            limit: 25,
+            ..q("")
+        },
+    )
+    .await;
+    assert_eq!(got.iter().cloned().collect::<BTreeSet<_>>(), all);
+    let got = ids(
+        &e,
+        &ann,
+        SearchQuery {
+            q: "zord".into(),
+            prefix: true,
+            limit: 25,
+            ..q("")
+        },
+    )
+    .await;
+    assert_eq!(got.len(), 12);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn search_respects_sharing_and_sees_every_change() {
     let e = common::memory();
@@ -690,6 +737,22 @@ async fn run_model(e: Engine, ops: Vec<Op>) {
             )
             .await;
             single.push(hits.into_iter().map(|(id, s)| (id, milli(s))).collect());
+        }
+        // Search as you type: the first two letters of each word.
+        for (i, w) in VOCAB.iter().enumerate() {
+            let query = SearchQuery {
+                q: w[..2].to_string(),
+                prefix: true,
+                limit: 2,
+                ..q("")
+            };
+            let got: BTreeSet<String> = ids(&e, &caller, query).await.into_iter().collect();
+            let want: BTreeSet<String> = docs
+                .iter()
+                .filter(|d| reads(d) && d.words.contains(&i))
+                .map(|d| d.id.clone())
+                .collect();
+            assert_eq!(got, want, "u{u} prefix {}", &w[..2]);
         }
         #[allow(clippy::needless_range_loop)]
         for a in 0..VOCAB.len() {
