@@ -180,7 +180,10 @@ async fn the_wal_stays_bounded_under_steady_reads_and_writes() {
         assert!(r.await.unwrap() > 0, "readers held snapshots throughout");
     }
     assert!(written > 60 << 20, "written {written}");
-    let restarts = s.counters().into_iter().find(|(n, _)| *n == "sqlite_wal_restarts_total");
+    let restarts = s
+        .counters()
+        .into_iter()
+        .find(|(n, _)| *n == "sqlite_wal_restarts_total");
     assert!(restarts.is_some_and(|(_, n)| n > 0), "{restarts:?}");
     assert!(
         most < 24 << 20,
