@@ -58,7 +58,9 @@ pub const MAX_WORDS: usize = 16;
 pub const MAX_QUERY: usize = 1024;
 /// Most terms a prefix expands to.
 pub const MAX_EXPANSION: usize = 32;
-/// Rows a prefix's expansion reads per partition and round.
+/// Rows a prefix's expansion reads per partition in its first round (most
+/// prefixes are expanded in one), and in each later round.
+const EXPAND_FIRST: usize = 32;
 const EXPAND_ROWS: usize = 8;
 /// Rounds of a prefix's expansion.
 const EXPAND_ROUNDS: usize = 8;
@@ -622,8 +624,8 @@ impl Engine {
                     }
                 }
             }
-            // Sorted access: the rows of every word in impact order. An
-            // item's first row in a word carries its best impact there.
+            // The rows just read, word by word in impact order: an item's
+            // first row in a word carries its best impact there.
             let mut fresh: Vec<String> = Vec::new();
             for (i, s) in slots.iter_mut().enumerate().filter(|(_, s)| !s.done) {
                 let rows = s.merge.drain();
@@ -737,7 +739,8 @@ impl Engine {
     /// first two characters. Each round reads a few rows of every partition
     /// still open and then skips the rest of the last term it saw, so a
     /// term held by many items costs one row, not all of them: at most
-    /// [`EXPAND_ROUNDS`] reads of [`EXPAND_ROWS`] rows per partition.
+    /// [`EXPAND_ROUNDS`] reads per partition, the first of [`EXPAND_FIRST`]
+    /// rows and the others of [`EXPAND_ROWS`].
     async fn expand(
         &self,
         snap: &mut Box<dyn Snapshot>,
@@ -750,7 +753,12 @@ impl Engine {
             vec![Some(Bound::Included(lower)); partitions.len()];
         let mut terms: Vec<String> = Vec::new();
         let mut listed: Vec<HashSet<String>> = vec![HashSet::new(); partitions.len()];
-        for _ in 0..EXPAND_ROUNDS {
+        for round in 0..EXPAND_ROUNDS {
+            let rows_per = if round == 0 {
+                EXPAND_FIRST
+            } else {
+                EXPAND_ROWS
+            };
             let open: Vec<usize> = (0..partitions.len())
                 .filter(|i| from[*i].is_some())
                 .collect();
@@ -761,7 +769,7 @@ impl Engine {
                 .iter()
                 .map(|i| {
                     let lower = from[*i].clone().expect("open");
-                    Scan::partition(INDEX, partitions[*i].clone(), EXPAND_ROWS)
+                    Scan::partition(INDEX, partitions[*i].clone(), rows_per)
                         .bounds(lower, upper.clone())
                 })
                 .collect();
@@ -779,7 +787,7 @@ impl Engine {
                 }
                 // Past every row of the last term seen.
                 from[i] = match last.and_then(|l| successor(&l)) {
-                    Some(next) if rows.len() == EXPAND_ROWS => Some(Bound::Included(next)),
+                    Some(next) if rows.len() == rows_per => Some(Bound::Included(next)),
                     _ => None,
                 };
             }

@@ -128,7 +128,9 @@ struct Shared {
     /// The checkpointer has just copied the WAL back, and it is past its
     /// bound: the writer restarts it before its next group.
     restart_wanted: AtomicBool,
+    /// WAL restarts done, and given up because readers held on.
     wal_restarts: AtomicU64,
+    wal_restart_failures: AtomicU64,
 }
 
 struct Inner {
@@ -409,10 +411,10 @@ fn map_err(e: rusqlite::Error) -> StoreError {
 /// the readers of older snapshots to finish (one request's read each).
 const RESTART_WAIT: Duration = Duration::from_millis(100);
 
-/// Copies the WAL back into the database every `every`, without ever
-/// blocking readers or the writer (`PASSIVE`); when the WAL has grown past
-/// `pages`, asks the writer to restart it (see [`restart_wal`]) right after
-/// a copy, when little is left to copy.
+/// Copies the WAL back into the database every `every` (at least 1 ms),
+/// without ever blocking readers or the writer (`PASSIVE`); when the WAL has
+/// grown past `pages` and at most a quarter of that is left to copy, asks
+/// the writer to restart it (see [`restart_wal`]).
 fn checkpoint_loop(
     conn: Connection,
     stop: Receiver<()>,
@@ -421,40 +423,69 @@ fn checkpoint_loop(
     shared: Arc<Shared>,
 ) {
     loop {
-        match stop.recv_timeout(every) {
+        match stop.recv_timeout(every.max(Duration::from_millis(1))) {
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
             _ => return,
         }
-        let wal: rusqlite::Result<i64> =
-            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1));
-        if wal.is_ok_and(|log| log > i64::from(pages)) {
-            shared.restart_wanted.store(true, Ordering::Relaxed);
+        let wal: rusqlite::Result<(i64, i64)> =
+            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                Ok((r.get(1)?, r.get(2)?))
+            });
+        match wal {
+            // Past the bound, and little left to copy: the restart holds
+            // writes back for a small copy and the readers' wait only.
+            Ok((log, done)) if log > i64::from(pages) && log - done <= i64::from(pages) / 4 => {
+                shared.restart_wanted.store(true, Ordering::Relaxed);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("sqlite: checkpoint failed: {e}"),
         }
     }
 }
 
 /// Restarts the WAL between two commit groups once it holds more than the
-/// checkpoint bound, so that the next write begins again at its start (the
-/// file keeps its size: writing over it costs less than growing it again);
-/// answers whether it did.
+/// checkpoint bound, so that the next write begins again at its start.
 ///
 /// A WAL is only reused when a write begins after every frame has been
 /// copied and while no reader still reads from it. Under steady writes and
 /// reads that moment never comes, and the WAL grew without bound (10 GB
 /// for a 1.7 GB database while the search workload loaded). A `RESTART`
 /// from another connection never got the write lock from this busy writer,
-/// so the writer itself runs it between groups: it copies the rest and waits
-/// for the readers of older snapshots for at most [`RESTART_WAIT`], while
-/// writes queue. If they are not done by then it gives up, writes go on,
-/// and it tries again when the WAL has doubled.
-fn restart_wal(conn: &Connection) -> bool {
-    if conn.busy_timeout(RESTART_WAIT).is_err() {
-        return false;
+/// so the writer itself runs it between groups, right after a copy: it
+/// copies what is left (at most a quarter of the bound) and waits for the
+/// readers of older snapshots for at most [`RESTART_WAIT`], while writes
+/// queue. If they are not done by then it gives up, writes go on, and it
+/// tries again when the WAL has doubled. The file keeps its largest size:
+/// writing over it costs less than growing it again (cutting it back with
+/// `journal_size_limit` made creates slower still). A WAL left large by an
+/// older version stays that size on disk, written over from its start.
+fn restart_wal(conn: &Connection) -> Restart {
+    let restarted = conn.busy_timeout(RESTART_WAIT).and_then(|()| {
+        conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0))
+    });
+    if let Err(e) = conn.busy_timeout(BUSY_WAIT) {
+        tracing::warn!("sqlite: cannot restore the writer's busy timeout: {e}");
     }
-    let restarted: rusqlite::Result<i64> =
-        conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get(0));
-    let _ = conn.busy_timeout(BUSY_WAIT);
-    restarted == Ok(0)
+    match restarted {
+        Ok(0) => Restart::Done,
+        Ok(_) => Restart::ReadersHold,
+        Err(e) => {
+            // The checkpointer's copy holds the checkpoint lock (answered
+            // at once, without waiting), or the pragma failed.
+            tracing::debug!("sqlite: WAL restart not done: {e}");
+            Restart::NotNow
+        }
+    }
+}
+
+/// What a restart of the WAL came to.
+enum Restart {
+    Done,
+    /// Readers of older snapshots held on past [`RESTART_WAIT`].
+    ReadersHold,
+    /// It could not start (the checkpointer was copying): try after the
+    /// next group.
+    NotNow,
 }
 
 fn get_row(conn: &Connection, key: &Key) -> rusqlite::Result<Option<Row>> {
@@ -816,14 +847,23 @@ fn writer_loop(
             let _ = job.reply.send(outcome);
         }
         let frames = shared.wal_frames.load(Ordering::Relaxed);
+        if frames <= u64::from(wal_pages) {
+            // Restarted, by us or by SQLite itself: the bound holds again.
+            restart_at = u64::from(wal_pages);
+        }
         if shared.restart_wanted.swap(false, Ordering::Relaxed) && frames > restart_at {
-            if restart_wal(&conn) {
-                shared.wal_restarts.fetch_add(1, Ordering::Relaxed);
-                restart_at = u64::from(wal_pages);
-            } else {
-                // A reader holds on: try again once the WAL has doubled,
-                // so holding writes back stays rare however long it holds.
-                restart_at = frames * 2;
+            match restart_wal(&conn) {
+                Restart::Done => {
+                    shared.wal_restarts.fetch_add(1, Ordering::Relaxed);
+                    restart_at = u64::from(wal_pages);
+                }
+                Restart::ReadersHold => {
+                    // Try again once the WAL has doubled, so holding writes
+                    // back stays rare however long a reader holds on.
+                    shared.wal_restart_failures.fetch_add(1, Ordering::Relaxed);
+                    restart_at = frames * 2;
+                }
+                Restart::NotNow => shared.restart_wanted.store(true, Ordering::Relaxed),
             }
         }
     }
@@ -1051,6 +1091,10 @@ impl Store for SqliteStore {
             (
                 "sqlite_wal_restarts_total",
                 s.wal_restarts.load(Ordering::Relaxed),
+            ),
+            (
+                "sqlite_wal_restart_failures_total",
+                s.wal_restart_failures.load(Ordering::Relaxed),
             ),
             (
                 "sqlite_commit_groups_total",

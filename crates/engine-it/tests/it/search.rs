@@ -248,7 +248,7 @@ async fn a_prefix_expands_past_terms_held_by_many_items() {
     let words = ["zorba", "zorbo", "zorca", "zordo", "zorfo", "zorgo"];
     let mut all = BTreeSet::new();
     for w in words {
-        for i in 0..12 {
+        for i in 0..20 {
             let p = props(json!({"title": format!("{w} t{i}")}));
             all.insert(
                 e.create_item(&ann, "doc", p, everyone())
@@ -282,7 +282,59 @@ async fn a_prefix_expands_past_terms_held_by_many_items() {
         },
     )
     .await;
-    assert_eq!(got.len(), 12);
+    assert_eq!(got.len(), 20);
+}
+
+/// A term the caller's own partition lacks is still read from the
+/// partitions that hold it: only a partition read to its end, without the
+/// term, is passed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_reads_each_term_where_it_is() {
+    let (e, _dir) = common::sqlite();
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    e.create_group(&bob, "club", None, Default::default())
+        .await
+        .unwrap();
+    e.add_member(&bob, "club", &Principal::User("ann".into()))
+        .await
+        .unwrap();
+    text_index(&e, "doc-text", "doc", &[], vec![tf("title", 1.0)]).await;
+    let mut want = BTreeSet::new();
+    let own = props(json!({"title": "zoqa"}));
+    want.insert(
+        e.create_item(&ann, "doc", own, vec![])
+            .await
+            .unwrap()
+            .item
+            .id,
+    );
+    let club = vec![Grant {
+        principal: Principal::Group("club".into()),
+        role: Role::Viewer,
+    }];
+    for i in 0..12 {
+        let p = props(json!({"title": format!("zorbix t{i}")}));
+        want.insert(
+            e.create_item(&bob, "doc", p, club.clone())
+                .await
+                .unwrap()
+                .item
+                .id,
+        );
+    }
+    let got = ids(
+        &e,
+        &ann,
+        SearchQuery {
+            q: "zo".into(),
+            prefix: true,
+            limit: 5,
+            ..q("")
+        },
+    )
+    .await;
+    assert_eq!(got.into_iter().collect::<BTreeSet<_>>(), want);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -43,7 +43,13 @@ fn crash_child() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let store = Arc::new(SqliteStore::open(&dir).unwrap());
+        // A small WAL bound, so the WAL is restarted while the child dies.
+        let options = tarn_store_sqlite::SqliteOptions {
+            checkpoint_every: std::time::Duration::from_millis(10),
+            checkpoint_pages: 64,
+            ..Default::default()
+        };
+        let store = Arc::new(SqliteStore::open_with(&dir, options).unwrap());
         let mut writers = Vec::new();
         for w in 0..6u64 {
             let store = store.clone();
