@@ -116,8 +116,8 @@ async fn a_busy_read_pool_refuses_after_its_wait() {
 }
 
 /// Under writes that never stop and readers that always hold a snapshot,
-/// the WAL is still restarted: its file stays near the checkpoint bound
-/// instead of growing with everything ever written (it reached 10 GB for a
+/// the WAL is still restarted: its file stays a fraction of what is
+/// written instead of growing with everything ever written (it reached 10 GB for a
 /// 1.7 GB database loading the search workload before it was restarted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_wal_stays_bounded_under_steady_reads_and_writes() {
@@ -150,8 +150,11 @@ async fn the_wal_stays_bounded_under_steady_reads_and_writes() {
     }
     let wal = dir.path().join("tarn.sqlite-wal");
     let wal_size = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+    // 128 MB in 2,000-byte rows: each dirties a page of its own, so
+    // without restarts the WAL grows to about three times that.
+    const ROUNDS: u64 = 800;
     let (mut most, mut written) = (0u64, 0u64);
-    for round in 0..400u64 {
+    for round in 0..ROUNDS {
         let mut writes = Vec::new();
         for w in 0..8u64 {
             let s = s.clone();
@@ -179,17 +182,17 @@ async fn the_wal_stays_bounded_under_steady_reads_and_writes() {
     for r in readers {
         assert!(r.await.unwrap() > 0, "readers held snapshots throughout");
     }
+    assert!(
+        most < written / 2,
+        "the WAL reached {most} bytes for {written} written"
+    );
     let restarts = s
         .counters()
         .into_iter()
         .find(|(n, _)| *n == "sqlite_wal_restarts_total");
     assert!(restarts.is_some_and(|(_, n)| n > 0), "{restarts:?}");
-    assert!(
-        most < 24 << 20,
-        "the WAL reached {most} bytes for {written} written"
-    );
     let mut snap = s.snapshot().await.unwrap();
-    for n in (0..400 * 80u64).step_by(97) {
+    for n in (0..ROUNDS * 80).step_by(97) {
         let k = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let row = snap
             .get(&tarn_store::Key::new(t, b"p", k.to_be_bytes()))
