@@ -34,6 +34,13 @@ async fn text_index(e: &Engine, name: &str, kind: &str, where_: &[&str], fields:
     common::wait_ready(e, name).await;
 }
 
+/// The text index most tests search: `doc`'s title (weight 3) and
+/// description.
+async fn title_and_description(e: &Engine) {
+    let fields = vec![tf("title", 3.0), tf("description", 1.0)];
+    text_index(e, "doc-text", "doc", &[], fields).await;
+}
+
 fn q(text: &str) -> SearchQuery {
     SearchQuery {
         q: text.into(),
@@ -74,14 +81,7 @@ fn everyone() -> Vec<Grant> {
 async fn words_are_analysed_ranked_and_matched() {
     let e = common::memory();
     let ann = sign_up(&e, "ann").await;
-    text_index(
-        &e,
-        "doc-text",
-        "doc",
-        &[],
-        vec![tf("title", 3.0), tf("description", 1.0)],
-    )
-    .await;
+    title_and_description(&e).await;
     let mk = |title: &str, desc: &str| {
         let (e, ann) = (e.clone(), ann.clone());
         let p = props(json!({"title": title, "description": desc}));
@@ -165,14 +165,7 @@ async fn words_are_analysed_ranked_and_matched() {
 async fn long_lists_score_alike_from_rows_and_forward_rows() {
     let e = common::memory();
     let ann = sign_up(&e, "ann").await;
-    text_index(
-        &e,
-        "doc-text",
-        "doc",
-        &[],
-        vec![tf("title", 3.0), tf("description", 1.0)],
-    )
-    .await;
+    title_and_description(&e).await;
     let mut both = BTreeSet::new();
     for i in 0..150usize {
         // "oak" in every item, "elm" in every third; how often each occurs
