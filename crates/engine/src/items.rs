@@ -17,7 +17,8 @@ use crate::indexes::Defs;
 use crate::model::{check_name, normalise_acl};
 use crate::schema::{self, ItemRow, ITEMS};
 use crate::{
-    b64, merge_patch, random_bytes, Caller, Engine, Grant, Item, ItemView, Principal, Role,
+    b64, merge_patch, random_bytes, Caller, Engine, Grant, Item, ItemView, Principal, Properties,
+    Role,
 };
 
 /// What an operation reads of an item.
@@ -137,16 +138,22 @@ impl Engine {
             self.resolve(snap, caller, &[], &[]).await?;
             return Err(not_found(id));
         }
-        let mut all = vec![schema::item_key(id), schema::defs_version_key()];
+        // The item, its link, then the declarations version only when the
+        // operation needs the declarations (a plain read does not).
+        let mut all = vec![schema::item_key(id)];
         let link_key = link_row(id, link);
         all.extend(link_key.clone());
+        let defs_at = all.len();
+        if with_defs {
+            all.push(schema::defs_version_key());
+        }
         let own_from = all.len();
         all.extend_from_slice(gets);
         let (actor, mut out) = self.resolve(snap, caller, &all, scans).await?;
-        let link_answer = link_key.as_ref().map(|_| &out.rows[2]);
+        let link_answer = link_key.as_ref().map(|_| &out.rows[1]);
         let access = self.access(&actor, id, &out.rows[0], link_answer)?;
         let defs = if with_defs {
-            let mut defs = self.defs_at(snap, &out.rows[1]).await?;
+            let mut defs = self.defs_at(snap, &out.rows[defs_at]).await?;
             if access.stamp > defs.version {
                 // Only on a store without snapshots: the item was written
                 // with declarations newer than the ones read. Read them
@@ -246,7 +253,8 @@ impl Engine {
         acl: Vec<Grant>,
     ) -> Result<ItemView> {
         check_name("kind", kind)?;
-        self.check_properties(&properties)?;
+        let properties = Properties::new(properties);
+        self.check_properties_size(properties.text().len())?;
         if acl.len() > MAX_GRANTS {
             return Err(too_many_grants());
         }
@@ -358,12 +366,13 @@ impl Engine {
             let defs = defs.expect("asked for");
             self.require_role(&a, Role::Editor, "changing properties")?;
             check_version(&a.item, if_match)?;
-            let mut props = Value::Object(a.item.properties.clone());
+            let mut props = Value::Object(a.item.properties.map().clone());
             merge_patch(&mut props, patch);
             let Value::Object(props) = props else {
                 unreachable!("an object patched by an object stays an object")
             };
-            self.check_properties(&props)?;
+            let props = Properties::new(props);
+            self.check_properties_size(props.text().len())?;
             let mut after = a.item.clone();
             after.properties = props;
             after.version += 1;

@@ -51,7 +51,8 @@ pub use indexes::{IndexDef, IndexState, SortField, TextField};
 pub use keys::Order;
 pub use listing::{ListQuery, Page, Scope};
 pub use model::{
-    is_valid_name, merge_patch, BodyMeta, Grant, Group, Item, ItemView, Principal, Role, User,
+    is_valid_name, merge_patch, BodyMeta, Grant, Group, Item, ItemView, Principal, Properties,
+    Role, User,
 };
 pub use search::{Hit, SearchPage, SearchQuery, MAX_QUERY, MAX_WORDS};
 pub use throttle::{ADDRESS_FAILURES, PAIR_FAILURES};

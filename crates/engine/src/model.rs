@@ -2,8 +2,10 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::error::{EngineError, Result};
@@ -205,6 +207,107 @@ pub struct BodyMeta {
     pub(crate) word_count: u32,
 }
 
+/// An item's properties, a JSON object, held as the text it is stored as,
+/// as a tree, or both; each made from the other on first use. A listing
+/// decodes the stored text and writes it into the response without
+/// building the tree; index rows and merge patches use the tree.
+#[derive(Clone)]
+pub struct Properties {
+    text: OnceLock<Box<RawValue>>,
+    map: OnceLock<Map<String, Value>>,
+}
+
+impl Properties {
+    /// The properties of a JSON object.
+    pub fn new(map: Map<String, Value>) -> Properties {
+        Properties {
+            text: OnceLock::new(),
+            map: map.into(),
+        }
+    }
+
+    /// Properties as stored: the text of an object the server wrote.
+    pub(crate) fn stored(text: Box<RawValue>) -> Properties {
+        Properties {
+            text: text.into(),
+            map: OnceLock::new(),
+        }
+    }
+
+    /// The object.
+    pub fn map(&self) -> &Map<String, Value> {
+        self.map.get_or_init(|| {
+            let text = self.text.get().expect("one of the two is always set");
+            tree(text.get())
+        })
+    }
+
+    /// The object, owned.
+    pub fn into_map(self) -> Map<String, Value> {
+        match (self.map.into_inner(), self.text.into_inner()) {
+            (Some(m), _) => m,
+            (None, Some(t)) => tree(t.get()),
+            (None, None) => unreachable!("one of the two is always set"),
+        }
+    }
+
+    /// The object as compact JSON text.
+    pub fn text(&self) -> &str {
+        self.text
+            .get_or_init(|| {
+                serde_json::value::to_raw_value(self.map()).expect("a JSON object serialises")
+            })
+            .get()
+    }
+}
+
+/// The tree of stored properties. The text was written from a tree, so it
+/// reads back as one; if a damaged row does not, that is logged and the
+/// properties read as empty rather than failing every read of the item.
+fn tree(text: &str) -> Map<String, Value> {
+    serde_json::from_str(text).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "stored properties do not read as an object");
+        Map::new()
+    })
+}
+
+impl Default for Properties {
+    fn default() -> Properties {
+        Properties::new(Map::new())
+    }
+}
+
+impl PartialEq for Properties {
+    fn eq(&self, other: &Properties) -> bool {
+        self.map() == other.map()
+    }
+}
+
+impl fmt::Debug for Properties {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.text())
+    }
+}
+
+impl Serialize for Properties {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.text.get() {
+            Some(text) => text.serialize(s),
+            None => self.map().serialize(s),
+        }
+    }
+}
+
+/// Read as a tree: properties inside a tagged or flattened record (feed
+/// entries, export records) reach here through serde's buffer, which cannot
+/// hand out raw text. The item row, the hot path, reads the text
+/// ([`Properties::stored`]).
+impl<'de> Deserialize<'de> for Properties {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Properties, D::Error> {
+        Map::deserialize(d).map(Properties::new)
+    }
+}
+
 /// An item as stored.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -214,7 +317,7 @@ pub struct Item {
     /// What sort of item (`document`, `user-home`, ...).
     pub kind: String,
     /// Free JSON object.
-    pub properties: Map<String, Value>,
+    pub properties: Properties,
     /// 1 at creation, +1 on every change.
     pub version: u64,
     /// Username of the creator.
@@ -240,7 +343,7 @@ impl Item {
             "kind" => Some(Value::from(self.kind.clone())),
             path => {
                 let mut parts = path.split('.');
-                let mut cur = self.properties.get(parts.next()?)?;
+                let mut cur = self.properties.map().get(parts.next()?)?;
                 for p in parts {
                     cur = cur.as_object()?.get(p)?;
                 }
@@ -327,6 +430,52 @@ mod tests {
         for bad in ["alice", "user:", "user:A", "team:x", "everyone:x"] {
             assert!(bad.parse::<Principal>().is_err(), "{bad}");
         }
+    }
+
+    fn stored(text: &str) -> Properties {
+        Properties::stored(serde_json::from_str(text).unwrap())
+    }
+
+    #[test]
+    fn stored_properties_pass_through_and_read_as_a_tree() {
+        // Escapes, non-ASCII and nesting come out byte for byte as stored.
+        let text = r#"{"a":{"b":[1,2.5,null]},"q":"say \"hi\" \u0000","t":"ünï 🙂"}"#;
+        let p = stored(text);
+        assert_eq!(serde_json::to_string(&p).unwrap(), text);
+        assert_eq!(p.map()["a"]["b"][1], json!(2.5));
+        assert_eq!(p.map()["q"], json!("say \"hi\" \u{0}"));
+        // Made from a tree, the text is the tree's.
+        let made = Properties::new(p.map().clone());
+        assert_eq!(made, p);
+        assert_eq!(made.text(), text);
+        assert_ne!(made, stored(r#"{"a":1}"#));
+        // Equal trees are equal properties, whatever the text's key order.
+        assert_eq!(stored(r#"{"x":1,"y":2}"#), stored(r#"{ "y": 2, "x": 1 }"#));
+        assert_eq!(p.into_map()["t"], json!("ünï 🙂"));
+    }
+
+    #[test]
+    fn properties_read_inside_tagged_records() {
+        // Serde buffers a tagged or flattened record before reading its
+        // fields, and a buffer cannot give raw text: the tree is read.
+        #[derive(Serialize, Deserialize)]
+        #[serde(tag = "t")]
+        enum Tagged {
+            Item { properties: Properties },
+        }
+        let Tagged::Item { properties } =
+            serde_json::from_str(r#"{"t":"Item","properties":{"k":[true]}}"#).unwrap();
+        assert_eq!(properties.map()["k"], json!([true]));
+        assert_eq!(properties.text(), r#"{"k":[true]}"#);
+        let back = serde_json::to_string(&Tagged::Item { properties }).unwrap();
+        assert_eq!(back, r#"{"t":"Item","properties":{"k":[true]}}"#);
+        assert!(serde_json::from_str::<Tagged>(r#"{"t":"Item","properties":[1]}"#).is_err());
+    }
+
+    #[test]
+    fn damaged_stored_properties_read_as_empty() {
+        assert!(stored("[1,2]").map().is_empty());
+        assert!(stored("1e999").into_map().is_empty());
     }
 
     #[test]

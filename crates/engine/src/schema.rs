@@ -153,7 +153,7 @@ impl<'de> serde::Deserialize<'de> for ItemRow {
         struct Flat {
             id: String,
             kind: String,
-            properties: serde_json::Map<String, serde_json::Value>,
+            properties: Box<serde_json::value::RawValue>,
             version: u64,
             created_by: String,
             created_at: i64,
@@ -167,7 +167,7 @@ impl<'de> serde::Deserialize<'de> for ItemRow {
             item: crate::Item {
                 id: f.id,
                 kind: f.kind,
-                properties: f.properties,
+                properties: crate::Properties::stored(f.properties),
                 version: f.version,
                 created_by: f.created_by,
                 created_at: f.created_at,

@@ -432,7 +432,11 @@ impl Engine {
     }
 
     pub(crate) fn check_properties(&self, p: &Map<String, Value>) -> Result<()> {
-        let size = serde_json::to_vec(p).map_or(usize::MAX, |v| v.len());
+        self.check_properties_size(serde_json::to_vec(p).map_or(usize::MAX, |v| v.len()))
+    }
+
+    /// Refuses properties of `size` bytes, serialised, over the limit.
+    pub(crate) fn check_properties_size(&self, size: usize) -> Result<()> {
         if size > self.inner.config.max_properties {
             return Err(EngineError::TooLarge(format!(
                 "properties take {size} bytes, more than {}",

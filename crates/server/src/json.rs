@@ -571,7 +571,7 @@ pub struct Item<'a> {
     pub kind: &'a str,
     /// A free JSON object.
     #[schema(value_type = Object)]
-    pub properties: &'a Map<String, Value>,
+    pub properties: &'a tarn_engine::Properties,
     /// 1 at creation, one more at every change; the `ETag`.
     #[schema(minimum = 1)]
     pub version: u64,

@@ -488,21 +488,28 @@ enum Restart {
     NotNow,
 }
 
+const GET_SQL: &str = "SELECT value, version FROM rows WHERE tbl = ?1 AND part = ?2 AND clus = ?3";
+
 fn get_row(conn: &Connection, key: &Key) -> rusqlite::Result<Option<Row>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT value, version FROM rows WHERE tbl = ?1 AND part = ?2 AND clus = ?3",
-    )?;
-    stmt.query_row(
-        params![key.table.name(), key.partition, key.clustering],
-        |r| {
-            Ok(Row {
-                clustering: key.clustering.clone(),
-                value: r.get(0)?,
-                version: r.get::<_, i64>(1)? as u64,
-            })
-        },
-    )
-    .optional()
+    let mut stmt = conn.prepare_cached(GET_SQL)?;
+    get_with(&mut stmt, key)
+}
+
+/// A point read with a statement already prepared from [`GET_SQL`]: a read
+/// of many keys takes the statement from the cache once, not once a key.
+fn get_with(stmt: &mut rusqlite::Statement<'_>, key: &Key) -> rusqlite::Result<Option<Row>> {
+    stmt.raw_bind_parameter(1, key.table.name())?;
+    stmt.raw_bind_parameter(2, &key.partition[..])?;
+    stmt.raw_bind_parameter(3, &key.clustering[..])?;
+    let mut rows = stmt.raw_query();
+    let Some(r) = rows.next()? else {
+        return Ok(None);
+    };
+    Ok(Some(Row {
+        clustering: key.clustering.clone(),
+        value: r.get(0)?,
+        version: r.get::<_, i64>(1)? as u64,
+    }))
 }
 
 /// The SQL of a scan; there are 18 shapes (3 × 3 bounds × 2 directions), each
@@ -585,10 +592,14 @@ struct SqliteSnapshot {
 impl SqliteSnapshot {
     fn read_now(&mut self, gets: &[Key], scans: &[Scan]) -> rusqlite::Result<ReadResult> {
         let conn = self.conn()?;
-        let rows = gets
-            .iter()
-            .map(|k| get_row(conn, k))
-            .collect::<rusqlite::Result<_>>()?;
+        let rows = if gets.is_empty() {
+            Vec::new()
+        } else {
+            let mut stmt = conn.prepare_cached(GET_SQL)?;
+            gets.iter()
+                .map(|k| get_with(&mut stmt, k))
+                .collect::<rusqlite::Result<_>>()?
+        };
         let scans = scans
             .iter()
             .map(|s| scan_rows(conn, s))

@@ -63,7 +63,7 @@ async fn expected(e: &Engine, who: &Caller, ids: &[String], order: Order) -> Vec
     for id in ids {
         if let Ok(v) = e.get_item(who, id, None).await {
             rows.push((
-                v.item.properties.get("rank").and_then(Value::as_i64),
+                v.item.properties.map().get("rank").and_then(Value::as_i64),
                 id.clone(),
             ));
         }

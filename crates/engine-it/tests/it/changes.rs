@@ -110,7 +110,8 @@ async fn pulls_show_each_caller_what_they_may_read() {
     );
     let put = page.changes[2].item.as_ref().unwrap();
     assert_eq!(
-        put.item.properties["t"], 2,
+        put.item.properties.map()["t"],
+        2,
         "a put carries the item at its version"
     );
     assert_eq!(put.role, Role::Viewer);
