@@ -721,7 +721,7 @@ impl Engine {
         let Some(row) = &out.rows[1] else {
             return Ok(());
         };
-        let stored: ItemRow = schema::decode("item", row)?;
+        let stored = ItemRow::decode(row)?;
         if stored.stamp >= defs.version {
             return Ok(());
         }
@@ -733,11 +733,8 @@ impl Engine {
             self.split(),
         );
         let key = schema::item_key(id);
-        let fresh = ItemRow {
-            item: stored.item,
-            stamp: defs.version,
-        };
-        b.put(key.clone(), schema::encode(&fresh), row.version + 1)
+        let fresh = schema::encode_item(&stored.item, defs.version);
+        b.put(key.clone(), fresh, row.version + 1)
             .guard(key, Expect::Version(row.version));
         self.store().write(b).await?;
         Ok(())
@@ -830,7 +827,7 @@ impl Engine {
                 });
                 let (last, items) = beside(next, &mut in_flight).await?;
                 for row in items.into_iter().flatten() {
-                    let item: ItemRow = schema::decode("item", &row)?;
+                    let item = ItemRow::decode(&row)?;
                     in_flight.push(each(item));
                     while in_flight.len() >= BACKFILL_IN_FLIGHT {
                         if let Some(done) = in_flight.next().await {

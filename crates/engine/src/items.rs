@@ -98,7 +98,7 @@ impl Engine {
         link_row: Option<&Option<Row>>,
     ) -> Result<Access> {
         let row = item_row.as_ref().ok_or_else(|| not_found(id))?;
-        let stored: ItemRow = schema::decode("item", row)?;
+        let stored = ItemRow::decode(row)?;
         let mut role = if actor.admin {
             Some(Role::Manager)
         } else {
@@ -199,11 +199,7 @@ impl Engine {
         crate::changes::record_item(b, self.now(), Some(&before.item), after);
         match after {
             Some(item) => {
-                let row = ItemRow {
-                    item: item.clone(),
-                    stamp: defs.version,
-                };
-                b.put(key, schema::encode(&row), before.rev + 1);
+                b.put(key, schema::encode_item(item, defs.version), before.rev + 1);
             }
             None => {
                 b.delete(key);
@@ -307,11 +303,11 @@ impl Engine {
                     .guard(stamp_key.clone(), Expect::Absent),
             };
             defs.apply_diff(&mut b, None, Some(&item), self.split());
-            let row = ItemRow {
-                item: item.clone(),
-                stamp: defs.version,
-            };
-            b.put(schema::item_key(&id), schema::encode(&row), 1);
+            b.put(
+                schema::item_key(&id),
+                schema::encode_item(&item, defs.version),
+                1,
+            );
             crate::changes::record_item(&mut b, now, None, Some(&item));
             self.write_changes(b).await?;
             Ok(ItemView {

@@ -685,7 +685,7 @@ impl Engine {
         drop(snap);
         let mut items = Vec::with_capacity(keys.len());
         for row in found.into_iter().flatten() {
-            let stored: ItemRow = schema::decode("item", &row)?;
+            let stored = ItemRow::decode(&row)?;
             // The index said readable; on a store without snapshots the item
             // row has the last word (a change may land between two reads).
             let role = if actor.admin {

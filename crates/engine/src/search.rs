@@ -464,7 +464,7 @@ impl Engine {
         let mut hits = Vec::with_capacity(page.len());
         for (p, row) in page.iter().zip(rows) {
             let Some(row) = row else { continue };
-            let stored: ItemRow = schema::decode("item", &row)?;
+            let stored = ItemRow::decode(&row)?;
             let role = if actor.admin {
                 Some(Role::Manager)
             } else {

@@ -163,7 +163,7 @@ impl Engine {
                         &mut moved,
                     )?;
                 } else if table == ITEMS && key.clustering == schema::ITEM_ROW {
-                    let stored: ItemRow = schema::decode("item", &row)?;
+                    let stored = ItemRow::decode(&row)?;
                     let body = stored.item.body.clone();
                     emit(Record::Item { item: stored.item }, &mut moved)?;
                     if let Some(body) = body {
@@ -331,11 +331,11 @@ impl Importer {
                     schema::MARK.to_vec(),
                     1,
                 );
-                let row = ItemRow {
-                    item,
-                    stamp: defs.version,
-                };
-                b.put(schema::item_key(&row.item.id), schema::encode(&row), 1);
+                b.put(
+                    schema::item_key(&item.id),
+                    schema::encode_item(&item, defs.version),
+                    1,
+                );
             }
             Record::Link { item, hash, role } => {
                 let hash = unhex(&hash).filter(|h| h.len() == 32).ok_or_else(|| {
