@@ -15,12 +15,12 @@ use crate::error::{
 };
 use crate::extract::{serde_urlencoded_pairs, Auth, IfMatch, JsonBody, LinkKey, Path};
 use crate::json::{self, Cursor, Id, Name};
-use crate::routes::reply;
+use crate::routes::{reply, reply_written};
 use crate::AppState;
 
 /// An item response with its `ETag`.
 pub fn item_response(status: StatusCode, view: &ItemView) -> Response {
-    let mut res = reply(status, &json::Item::from(view));
+    let mut res = reply_written(status, &json::Item::from(view));
     res.headers_mut().insert(
         header::ETAG,
         HeaderValue::from_str(&format!("\"{}\"", view.item.version)).expect("digits"),
@@ -419,7 +419,7 @@ pub async fn list(
         cursor: params.cursor,
     };
     let page = s.engine.list_items(&auth.caller, &q).await?;
-    Ok(reply(
+    Ok(reply_written(
         StatusCode::OK,
         &json::ItemPage {
             items: page.items.iter().map(json::Item::from).collect(),

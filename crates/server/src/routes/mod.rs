@@ -59,15 +59,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// values).
 pub(crate) fn reply<T: Serialize>(status: StatusCode, body: &T) -> Response {
     match serde_json::to_vec(body) {
-        Ok(bytes) => (
-            status,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            bytes,
-        )
-            .into_response(),
+        Ok(bytes) => json_response(status, bytes),
         Err(e) => crate::error::ApiError {
             cause: Some(format!("rendering JSON: {e}")),
             ..crate::error::ApiError::new(
@@ -97,4 +89,23 @@ impl PageQuery {
     fn limit(&self) -> usize {
         self.limit.map_or(50, |n| n as usize)
     }
+}
+
+/// A response of JSON written by hand ([`crate::json::WriteJson`]).
+pub(crate) fn reply_written<T: crate::json::WriteJson>(status: StatusCode, body: &T) -> Response {
+    let mut bytes = Vec::with_capacity(1024);
+    body.write_json(&mut bytes);
+    json_response(status, bytes)
+}
+
+fn json_response(status: StatusCode, bytes: Vec<u8>) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        bytes,
+    )
+        .into_response()
 }

@@ -15,7 +15,7 @@ use crate::error::{
 use crate::extract::{serde_urlencoded_pairs, Auth};
 use crate::json::{self, Cursor, Name};
 use crate::routes::items::where_value;
-use crate::routes::reply;
+use crate::routes::reply_written;
 use crate::AppState;
 
 /// How many of the words an item must hold.
@@ -153,7 +153,7 @@ pub async fn search(
         cursor: params.cursor,
     };
     let page = s.engine.search(&auth.caller, &q).await?;
-    Ok(reply(
+    Ok(reply_written(
         StatusCode::OK,
         &json::SearchPage {
             items: page
