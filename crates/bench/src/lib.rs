@@ -81,6 +81,8 @@ pub struct Options {
     pub server_exe: PathBuf,
     /// Overrides the measured seconds of each step.
     pub step_seconds: Option<f64>,
+    /// Seconds to wait after loading each pool size (user-home).
+    pub settle_seconds: f64,
     /// Server processes on this machine to sample when `url` is given.
     pub server_pids: Vec<u32>,
 }
@@ -163,6 +165,8 @@ pub struct Kit {
     /// Processes sampled for server CPU and memory.
     pub(crate) pids: Vec<u32>,
     step_seconds: Option<f64>,
+    /// Seconds to wait after a load before measuring.
+    pub settle_seconds: f64,
 }
 
 type BoxFut<T> = Pin<Box<dyn Future<Output = Result<T>> + Send>>;
@@ -428,6 +432,7 @@ pub async fn run(opts: Options) -> Result<(Results, PathBuf)> {
         server,
         pids,
         step_seconds: opts.step_seconds,
+        settle_seconds: opts.settle_seconds,
     };
     let run = match opts.workload {
         Workload::UserHome => workloads::user_home::run(&kit).await?,

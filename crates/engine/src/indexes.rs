@@ -721,7 +721,7 @@ impl Engine {
         let Some(row) = &out.rows[1] else {
             return Ok(());
         };
-        let stored = ItemRow::decode(row)?;
+        let stored = ItemRow::decode_checked(row)?;
         if stored.stamp >= defs.version {
             return Ok(());
         }
@@ -827,7 +827,7 @@ impl Engine {
                 });
                 let (last, items) = beside(next, &mut in_flight).await?;
                 for row in items.into_iter().flatten() {
-                    let item = ItemRow::decode(&row)?;
+                    let item = ItemRow::decode_checked(&row)?;
                     in_flight.push(each(item));
                     while in_flight.len() >= BACKFILL_IN_FLIGHT {
                         if let Some(done) = in_flight.next().await {

@@ -1,10 +1,10 @@
 //! Items: create, read, merge-patch, delete, share, links.
 //!
 //! Every operation reads in one snapshot (the caller, the item, the index
-//! declarations and whatever else it needs, together) and ends in one
-//! atomic write: the item, its kind entry and the difference of its index
-//! rows, guarded on the item row's revision (a create: on its kind bucket,
-//! see [`indexes`](crate::indexes)).
+//! declarations when it writes, and whatever else it needs, together) and
+//! ends in one atomic write: the item, its kind entry and the difference of
+//! its index rows, guarded on the item row's revision (a create: on its kind
+//! bucket, see [`indexes`](crate::indexes)).
 
 use std::ops::Bound;
 
@@ -117,8 +117,9 @@ impl Engine {
         })
     }
 
-    /// Reads the caller, an item (and link), and the declarations together
-    /// in `snap`, plus `gets` and `scans` of the operation's own.
+    /// Reads the caller, an item (and link), and, for a write, the
+    /// declarations together in `snap`, plus `gets` and `scans` of the
+    /// operation's own.
     pub(crate) async fn read_item_for(
         &self,
         snap: &mut Box<dyn Snapshot>,
@@ -153,6 +154,8 @@ impl Engine {
         let link_answer = link_key.as_ref().map(|_| &out.rows[1]);
         let access = self.access(&actor, id, &out.rows[0], link_answer)?;
         let defs = if with_defs {
+            // A write computes from the properties: they must read.
+            access.item.properties.check()?;
             let mut defs = self.defs_at(snap, &out.rows[defs_at]).await?;
             if access.stamp > defs.version {
                 // Only on a store without snapshots: the item was written

@@ -211,6 +211,10 @@ pub struct BodyMeta {
 /// as a tree, or both; each made from the other on first use. A listing
 /// decodes the stored text and writes it into the response without
 /// building the tree; index rows and merge patches use the tree.
+///
+/// Serialised, stored text is written as it is through serde_json's raw
+/// values: only serde_json serialises these (rows, feed entries, exports,
+/// responses). Equality compares the trees.
 #[derive(Clone)]
 pub struct Properties {
     text: OnceLock<Box<RawValue>>,
@@ -227,28 +231,44 @@ impl Properties {
     }
 
     /// Properties as stored: the text of an object the server wrote.
-    pub(crate) fn stored(text: Box<RawValue>) -> Properties {
-        Properties {
+    /// Anything but an object is refused; whether every value in it reads
+    /// as a tree is checked when a write needs the tree ([`Properties::check`]).
+    pub(crate) fn stored(text: Box<RawValue>) -> std::result::Result<Properties, String> {
+        if !text.get().starts_with('{') {
+            return Err("properties are not an object".into());
+        }
+        Ok(Properties {
             text: text.into(),
             map: OnceLock::new(),
-        }
-    }
-
-    /// The object.
-    pub fn map(&self) -> &Map<String, Value> {
-        self.map.get_or_init(|| {
-            let text = self.text.get().expect("one of the two is always set");
-            tree(text.get())
         })
     }
 
-    /// The object, owned.
-    pub fn into_map(self) -> Map<String, Value> {
-        match (self.map.into_inner(), self.text.into_inner()) {
-            (Some(m), _) => m,
-            (None, Some(t)) => tree(t.get()),
-            (None, None) => unreachable!("one of the two is always set"),
+    /// Builds the tree now, refusing stored text that does not read as
+    /// one (a number beyond `f64`, in a damaged row). Every write that
+    /// computes from the properties calls this first, so a damaged item is
+    /// refused rather than rewritten from an empty object.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.map.get().is_some() {
+            return Ok(());
         }
+        let text = self.text.get().expect("one of the two is always set");
+        let map = serde_json::from_str(text.get())
+            .map_err(|e| crate::error::corrupt("item properties", e))?;
+        let _ = self.map.set(map);
+        Ok(())
+    }
+
+    /// The object. Writes call [`Properties::check`] before reading it.
+    pub fn map(&self) -> &Map<String, Value> {
+        self.map.get_or_init(|| {
+            let text = self.text.get().expect("one of the two is always set");
+            serde_json::from_str(text.get()).unwrap_or_else(|e| {
+                // Only a read that skipped `check` gets here; it shows an
+                // empty object and says why.
+                tracing::error!(error = %e, "stored properties do not read as an object");
+                Map::new()
+            })
+        })
     }
 
     /// The object as compact JSON text.
@@ -259,16 +279,6 @@ impl Properties {
             })
             .get()
     }
-}
-
-/// The tree of stored properties. The text was written from a tree, so it
-/// reads back as one; if a damaged row does not, that is logged and the
-/// properties read as empty rather than failing every read of the item.
-fn tree(text: &str) -> Map<String, Value> {
-    serde_json::from_str(text).unwrap_or_else(|e| {
-        tracing::error!(error = %e, "stored properties do not read as an object");
-        Map::new()
-    })
 }
 
 impl Default for Properties {
@@ -433,7 +443,7 @@ mod tests {
     }
 
     fn stored(text: &str) -> Properties {
-        Properties::stored(serde_json::from_str(text).unwrap())
+        Properties::stored(serde_json::from_str(text).unwrap()).unwrap()
     }
 
     #[test]
@@ -451,7 +461,8 @@ mod tests {
         assert_ne!(made, stored(r#"{"a":1}"#));
         // Equal trees are equal properties, whatever the text's key order.
         assert_eq!(stored(r#"{"x":1,"y":2}"#), stored(r#"{ "y": 2, "x": 1 }"#));
-        assert_eq!(p.into_map()["t"], json!("ünï 🙂"));
+        assert_eq!(p.map()["t"], json!("ünï 🙂"));
+        assert!(p.check().is_ok());
     }
 
     #[test]
@@ -473,9 +484,15 @@ mod tests {
     }
 
     #[test]
-    fn damaged_stored_properties_read_as_empty() {
-        assert!(stored("[1,2]").map().is_empty());
-        assert!(stored("1e999").into_map().is_empty());
+    fn damaged_stored_properties_are_refused() {
+        for not_an_object in ["[1,2]", "1", "\"{}\"", "null"] {
+            let text = serde_json::from_str(not_an_object).unwrap();
+            assert!(Properties::stored(text).is_err(), "{not_an_object}");
+        }
+        // Valid JSON that does not read as a tree: a write refuses it.
+        let p = stored(r#"{"a":1e999}"#);
+        assert!(p.check().is_err());
+        assert_eq!(p.text(), r#"{"a":1e999}"#);
     }
 
     #[test]

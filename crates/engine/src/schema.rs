@@ -152,12 +152,25 @@ pub(crate) struct ItemRow {
 const ITEM_BINARY: u8 = 1;
 
 impl ItemRow {
-    /// Reads a row written by [`encode_item`], or as JSON before it.
+    /// Reads a row written by [`encode_item`], or as JSON before it. The
+    /// properties stay text: enough to show the item.
     pub(crate) fn decode(row: &Row) -> Result<ItemRow> {
-        match row.value.first() {
-            Some(&ITEM_BINARY) => decode_binary(&row.value[1..]).map_err(|e| corrupt("item", e)),
-            _ => decode("item", row),
+        let out: ItemRow = match row.value.first() {
+            Some(&ITEM_BINARY) => decode_binary(&row.value[1..]).map_err(|e| corrupt("item", e))?,
+            _ => decode("item", row)?,
+        };
+        if out.item.body.as_ref().is_some_and(|b| b.chunk == 0) {
+            return Err(corrupt("item", "a body of chunks of 0 bytes"));
         }
+        Ok(out)
+    }
+
+    /// Reads a row to rewrite it or compute its index rows: the properties
+    /// must read as a tree too ([`crate::Properties::check`]).
+    pub(crate) fn decode_checked(row: &Row) -> Result<ItemRow> {
+        let out = ItemRow::decode(row)?;
+        out.item.properties.check()?;
+        Ok(out)
     }
 }
 
@@ -253,6 +266,9 @@ impl<'a> Bytes<'a> {
         let mut n = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;
+            if shift == 63 && b > 1 {
+                break;
+            }
             n |= u64::from(b & 0x7f) << shift;
             if b < 0x80 {
                 return Ok(n);
@@ -343,7 +359,7 @@ fn decode_binary(b: &[u8]) -> std::result::Result<ItemRow, String> {
         item: crate::Item {
             id,
             kind,
-            properties: crate::Properties::stored(text),
+            properties: crate::Properties::stored(text)?,
             version,
             created_by,
             created_at,
@@ -379,7 +395,8 @@ impl<'de> serde::Deserialize<'de> for ItemRow {
             item: crate::Item {
                 id: f.id,
                 kind: f.kind,
-                properties: crate::Properties::stored(f.properties),
+                properties: crate::Properties::stored(f.properties)
+                    .map_err(serde::de::Error::custom)?,
                 version: f.version,
                 created_by: f.created_by,
                 created_at: f.created_at,
@@ -514,9 +531,49 @@ mod tests {
             bad[at] = value;
             assert!(ItemRow::decode(&row(bad)).is_err(), "{at} = {value}");
         }
-        // A length beyond the row allocates nothing and fails.
+        // A length or count beyond the row allocates nothing and fails:
+        // the id's length, the grant count, the body's word count.
         let mut huge = vec![ITEM_BINARY];
         put_uint(&mut huge, u64::MAX);
         assert!(ItemRow::decode(&row(huge)).is_err());
+        let header = good[..tag - 1].to_vec();
+        let mut grants = header.clone();
+        put_uint(&mut grants, u64::MAX);
+        assert!(ItemRow::decode(&row(grants)).is_err());
+        // No grants, a body: size, type, hash, blob, chunk, word count,
+        // then the number of words.
+        let mut words = header;
+        put_uint(&mut words, 0);
+        words.push(1);
+        put_uint(&mut words, 1);
+        for s in ["text/plain", "ab", "blob"] {
+            put_str(&mut words, s);
+        }
+        put_uint(&mut words, 4);
+        put_uint(&mut words, 10);
+        put_uint(&mut words, u64::MAX);
+        assert!(ItemRow::decode(&row(words)).is_err());
+        // Integers longer than 64 bits, and bodies of 0-byte chunks.
+        // (The version, u64::MAX, ends in 0x01; 0x03 would be bit 64.)
+        let mut long = good.clone();
+        let last = 1 + (1 + i.id.len()) + (1 + i.kind.len()) + 9;
+        assert_eq!(long[last], 0x01);
+        long[last] = 0x03;
+        assert!(ItemRow::decode(&row(long)).is_err());
+        let mut zero = body();
+        zero.chunk = 0;
+        let zero = encode_item(&item(Some(zero)), 3);
+        assert!(ItemRow::decode(&row(zero)).is_err());
+        // Properties that are not an object, and ones that do not read as
+        // a tree: refused at once, and by a write, respectively.
+        let mut list = good.clone();
+        let props = list.len() - i.properties.text().len();
+        list.truncate(props);
+        list.extend_from_slice(b"[1]");
+        assert!(ItemRow::decode(&row(list)).is_err());
+        let mut huge_number = good[..props].to_vec();
+        huge_number.extend_from_slice(br#"{"a":1e999}"#);
+        assert!(ItemRow::decode(&row(huge_number.clone())).is_ok());
+        assert!(ItemRow::decode_checked(&row(huge_number)).is_err());
     }
 }

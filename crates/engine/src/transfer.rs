@@ -163,7 +163,7 @@ impl Engine {
                         &mut moved,
                     )?;
                 } else if table == ITEMS && key.clustering == schema::ITEM_ROW {
-                    let stored = ItemRow::decode(&row)?;
+                    let stored = ItemRow::decode_checked(&row)?;
                     let body = stored.item.body.clone();
                     emit(Record::Item { item: stored.item }, &mut moved)?;
                     if let Some(body) = body {

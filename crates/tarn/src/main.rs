@@ -105,6 +105,11 @@ struct BenchArgs {
     /// Seconds measured per step (overrides the workload's own).
     #[arg(long)]
     step_seconds: Option<f64>,
+    /// Seconds to wait after loading each pool size before measuring it
+    /// (user-home), for background work the load started (Cassandra's
+    /// compactions) to finish [default: 0].
+    #[arg(long)]
+    settle_seconds: Option<f64>,
     /// With --url: server processes on this machine whose CPU and memory to
     /// report (comma-separated pids, summed).
     #[arg(long, value_delimiter = ',')]
@@ -637,6 +642,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         quick: args.quick,
         server_exe: std::env::current_exe()?,
         step_seconds: args.step_seconds,
+        settle_seconds: args.settle_seconds.unwrap_or(0.0),
         server_pids: args.server_pid,
     })
     .await?;
