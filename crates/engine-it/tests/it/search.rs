@@ -49,6 +49,16 @@ fn q(text: &str) -> SearchQuery {
     }
 }
 
+/// Creates a `doc` and answers its id.
+async fn doc(
+    e: &Engine,
+    who: &Caller,
+    p: serde_json::Map<String, serde_json::Value>,
+    acl: Vec<Grant>,
+) -> String {
+    e.create_item(who, "doc", p, acl).await.unwrap().item.id
+}
+
 async fn ids(e: &Engine, who: &Caller, query: SearchQuery) -> Vec<String> {
     all_pages(e, who, query)
         .await
@@ -85,13 +95,7 @@ async fn words_are_analysed_ranked_and_matched() {
     let mk = |title: &str, desc: &str| {
         let (e, ann) = (e.clone(), ann.clone());
         let p = props(json!({"title": title, "description": desc}));
-        async move {
-            e.create_item(&ann, "doc", p, everyone())
-                .await
-                .unwrap()
-                .item
-                .id
-        }
+        async move { doc(&e, &ann, p, everyone()).await }
     };
     let tea_title = mk("Green tea", "a note on brewing").await;
     let tea_desc = mk("Kettles", "green tea, green tea and more green tea").await;
@@ -176,7 +180,7 @@ async fn long_lists_score_alike_from_rows_and_forward_rows() {
         }
         words.extend(vec!["filler"; i % 11]);
         let p = props(json!({"title": format!("t{i}"), "description": words.join(" ")}));
-        let id = e.create_item(&ann, "doc", p, vec![]).await.unwrap().item.id;
+        let id = doc(&e, &ann, p, vec![]).await;
         if i % 3 == 0 {
             both.insert(id);
         }
@@ -243,13 +247,7 @@ async fn a_prefix_expands_past_terms_held_by_many_items() {
     for w in words {
         for i in 0..20 {
             let p = props(json!({"title": format!("{w} t{i}")}));
-            all.insert(
-                e.create_item(&ann, "doc", p, everyone())
-                    .await
-                    .unwrap()
-                    .item
-                    .id,
-            );
+            all.insert(doc(&e, &ann, p, everyone()).await);
         }
     }
     let got = ids(
@@ -295,26 +293,14 @@ async fn a_prefix_reads_each_term_where_it_is() {
     text_index(&e, "doc-text", "doc", &[], vec![tf("title", 1.0)]).await;
     let mut want = BTreeSet::new();
     let own = props(json!({"title": "zoqa"}));
-    want.insert(
-        e.create_item(&ann, "doc", own, vec![])
-            .await
-            .unwrap()
-            .item
-            .id,
-    );
+    want.insert(doc(&e, &ann, own, vec![]).await);
     let club = vec![Grant {
         principal: Principal::Group("club".into()),
         role: Role::Viewer,
     }];
     for i in 0..12 {
         let p = props(json!({"title": format!("zorbix t{i}")}));
-        want.insert(
-            e.create_item(&bob, "doc", p, club.clone())
-                .await
-                .unwrap()
-                .item
-                .id,
-        );
+        want.insert(doc(&e, &bob, p, club.clone()).await);
     }
     let got = ids(
         &e,
