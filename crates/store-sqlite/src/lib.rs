@@ -348,6 +348,13 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
     // FULL: in WAL mode the WAL is fsynced at every commit, so an
     // acknowledged write survives a crash or power loss.
     conn.pragma_update(None, "synchronous", "FULL")?;
+    // Each write's SAVEPOINT keeps the pages it changes first in a
+    // sub-journal, which SQLite spills to a temporary file past 64 KiB: a
+    // create touches a few dozen pages, so every create wrote them through
+    // the kernel (perf: a fifth of the CPU under 16 writers). Kept in
+    // memory, a sub-journal holds one write's pages at most, and is
+    // emptied when the write's savepoint is released.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     // The checkpointer thread does this work, not the writer's commits.
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.execute_batch(
