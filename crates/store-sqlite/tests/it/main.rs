@@ -201,3 +201,75 @@ async fn the_wal_stays_bounded_under_steady_reads_and_writes() {
         assert!(row.is_some(), "row {n} was written");
     }
 }
+
+/// Writes go without savepoints; a write that fails after changing rows
+/// must still leave nothing behind, and the writes sharing its group land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_failing_halfway_undoes_only_itself() {
+    use tarn_store::{Batch, Expect, Key};
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(SqliteStore::open(dir.path()).unwrap());
+    let t = tarn_store::Table::new("t");
+    let key = |p: &str, c: u32| Key::new(t, p.as_bytes(), c.to_be_bytes());
+    let redone = |s: &SqliteStore| {
+        s.counters()
+            .into_iter()
+            .find(|(n, _)| *n == "sqlite_commit_groups_redone_total")
+            .map(|(_, v)| v)
+            .unwrap()
+    };
+    for round in 0..20u32 {
+        let mut writes = Vec::new();
+        for i in 0..32u32 {
+            let mut b = Batch::new();
+            b.put(key("good", round * 100 + i), b"v".to_vec(), 1);
+            b.put(key("good", round * 100 + i + 50), b"w".to_vec(), 1);
+            if i == 16 {
+                // Its first put lands in the group's transaction; its
+                // second cannot be stored (versions are stored as i64).
+                b = Batch::new();
+                b.put(key("bad", round), b"x".to_vec(), 1);
+                b.put(key("bad", round + 1000), b"y".to_vec(), u64::MAX);
+            }
+            if i == 20 {
+                b.guard(key("never", 0), Expect::Version(1));
+            }
+            let s = s.clone();
+            writes.push(tokio::spawn(async move { s.write(b).await }));
+        }
+        for (i, w) in writes.into_iter().enumerate() {
+            let outcome = w.await.unwrap();
+            match i {
+                16 => assert!(
+                    matches!(outcome, Err(StoreError::Invalid(_))),
+                    "{outcome:?}"
+                ),
+                20 => assert!(matches!(outcome, Err(StoreError::GuardFailed { guard: 0 }))),
+                _ => outcome.unwrap(),
+            }
+        }
+        let mut snap = s.snapshot().await.unwrap();
+        assert_eq!(
+            snap.get(&key("bad", round)).await.unwrap(),
+            None,
+            "round {round}"
+        );
+        for i in (0..32u32).filter(|i| *i != 16) {
+            let landed = snap
+                .get(&key("good", round * 100 + i))
+                .await
+                .unwrap()
+                .is_some()
+                && snap
+                    .get(&key("good", round * 100 + i + 50))
+                    .await
+                    .unwrap()
+                    .is_some();
+            assert_eq!(landed, i != 20, "round {round}, write {i}");
+        }
+    }
+    assert!(
+        redone(&s) >= 20,
+        "every round's bad write was undone by a redo"
+    );
+}
