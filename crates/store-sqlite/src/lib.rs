@@ -11,8 +11,10 @@
 //!   so no call holds a thread for longer than a bounded scan.
 //! - **The writer** is one thread owning the write connection. Writes queue
 //!   to it; it takes every small write waiting and at most one large one
-//!   (a body chunk), applies each inside its own `SAVEPOINT` (so a failed
-//!   guard or error undoes only that write), commits them in one
+//!   (a body chunk), applies each (all of a write's guards first, so a
+//!   failed guard changes nothing; a write that fails after changing rows
+//!   makes the group run again with a `SAVEPOINT` around each write, so the
+//!   error undoes that write alone), commits them in one
 //!   transaction with one fsync (`synchronous=FULL`), and only then answers
 //!   each write. This is group commit: under load many commits share an
 //!   fsync, and a lone write is answered as soon as its own fsync is done.
