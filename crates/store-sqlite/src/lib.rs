@@ -369,8 +369,13 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
              clus BLOB NOT NULL,
              value BLOB NOT NULL,
              version INTEGER NOT NULL,
+             big INTEGER,
              PRIMARY KEY (tbl, part, clus)
          ) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS big (
+             id INTEGER PRIMARY KEY,
+             value BLOB NOT NULL
+         );
          CREATE TABLE IF NOT EXISTS feed (
              tbl TEXT NOT NULL,
              seq INTEGER NOT NULL,
@@ -381,6 +386,24 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
              tbl TEXT NOT NULL PRIMARY KEY,
              last INTEGER NOT NULL
          );",
+    )?;
+    // Stores made before values could live in `big` have no `big` column:
+    // their large values stay in `rows` (and read as before) until written
+    // again.
+    let has_big: bool = conn
+        .prepare("SELECT 1 FROM pragma_table_info('rows') WHERE name = 'big'")?
+        .exists([])?;
+    if !has_big {
+        conn.execute_batch("ALTER TABLE rows ADD COLUMN big INTEGER")?;
+    }
+    // A value in `big` goes with its row: replaced, or deleted.
+    conn.execute_batch(
+        "CREATE TRIGGER IF NOT EXISTS rows_big_replaced AFTER UPDATE OF big ON rows
+             WHEN old.big IS NOT NULL AND old.big IS NOT new.big
+             BEGIN DELETE FROM big WHERE id = old.big; END;
+         CREATE TRIGGER IF NOT EXISTS rows_big_deleted AFTER DELETE ON rows
+             WHEN old.big IS NOT NULL
+             BEGIN DELETE FROM big WHERE id = old.big; END;",
     )?;
     Ok(conn)
 }
@@ -500,16 +523,68 @@ enum Restart {
     NotNow,
 }
 
-const GET_SQL: &str = "SELECT value, version FROM rows WHERE tbl = ?1 AND part = ?2 AND clus = ?3";
+/// Longest record SQLite keeps whole in a cell of `rows` (an index b-tree
+/// of 4096-byte pages: `(4096 - 12) * 64 / 255 - 23`); a longer one spills
+/// onto overflow pages.
+const MAX_LOCAL: usize = 1002;
 
-fn get_row(conn: &Connection, key: &Key) -> rusqlite::Result<Option<Row>> {
-    let mut stmt = conn.prepare_cached(GET_SQL)?;
-    get_with(&mut stmt, key)
+/// Whether a row's value is kept in `big` rather than in its row.
+///
+/// `rows` is a `WITHOUT ROWID` table: its whole row is its b-tree key, and
+/// a descent compares the key sought with the cells on its way, reading
+/// every overflow page of a cell it compares with. With 256 KiB body
+/// chunks in `rows`, a point read that passed one read 64 pages (perf
+/// under `tarn bench upload-storm`: half of the readers' CPU in
+/// `accessPayload` and `pread`). Kept apart, values of any size cost a
+/// descent nothing; the row keeps the id of its value in `big` (a rowid
+/// table, looked up by integer) and an empty `value`.
+fn stored_apart(key: &Key, value: &[u8]) -> bool {
+    // The record: a header of a few bytes a column, the table name, both
+    // keys, the value and the version.
+    key.table.name().len() + key.partition.len() + key.clustering.len() + value.len() + 32
+        > MAX_LOCAL
+}
+
+/// The columns a read takes, after `clus` where it takes it: the value
+/// kept in the row, the version, and where in `big` the value is instead.
+const GET_SQL: &str =
+    "SELECT value, version, big FROM rows WHERE tbl = ?1 AND part = ?2 AND clus = ?3";
+
+/// A row's value: the one in the row, or the one in `big` it points to.
+fn value_of(conn: &Connection, r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Vec<u8>> {
+    match r.get::<_, Option<i64>>(at + 2)? {
+        None => r.get(at),
+        Some(id) => conn
+            .prepare_cached("SELECT value FROM big WHERE id = ?1")?
+            .query_row(params![id], |b| b.get(0))
+            .optional()?
+            .ok_or_else(|| {
+                rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
+                    Some(format!("the value {id} of a row is missing from big")),
+                )
+            }),
+    }
+}
+
+/// A row's version, for a guard: no value is read.
+fn version_of(conn: &Connection, key: &Key) -> rusqlite::Result<Option<u64>> {
+    conn.prepare_cached("SELECT version FROM rows WHERE tbl = ?1 AND part = ?2 AND clus = ?3")?
+        .query_row(
+            params![key.table.name(), key.partition, key.clustering],
+            |r| r.get::<_, i64>(0),
+        )
+        .optional()
+        .map(|v| v.map(|v| v as u64))
 }
 
 /// A point read with a statement already prepared from [`GET_SQL`]: a read
 /// of many keys takes the statement from the cache once, not once a key.
-fn get_with(stmt: &mut rusqlite::Statement<'_>, key: &Key) -> rusqlite::Result<Option<Row>> {
+fn get_with(
+    conn: &Connection,
+    stmt: &mut rusqlite::Statement<'_>,
+    key: &Key,
+) -> rusqlite::Result<Option<Row>> {
     stmt.raw_bind_parameter(1, key.table.name())?;
     stmt.raw_bind_parameter(2, &key.partition[..])?;
     stmt.raw_bind_parameter(3, &key.clustering[..])?;
@@ -519,7 +594,7 @@ fn get_with(stmt: &mut rusqlite::Statement<'_>, key: &Key) -> rusqlite::Result<O
     };
     Ok(Some(Row {
         clustering: key.clustering.clone(),
-        value: r.get(0)?,
+        value: value_of(conn, r, 0)?,
         version: r.get::<_, i64>(1)? as u64,
     }))
 }
@@ -530,8 +605,8 @@ fn scan_sql(scan: &Scan) -> &'static str {
     macro_rules! shapes {
         ($($lo:literal, $hi:literal);*) => {
             [$(
-                concat!("SELECT clus, value, version FROM rows WHERE tbl = ?1 AND part = ?2", $lo, $hi, " ORDER BY clus ASC"),
-                concat!("SELECT clus, value, version FROM rows WHERE tbl = ?1 AND part = ?2", $lo, $hi, " ORDER BY clus DESC"),
+                concat!("SELECT clus, value, version, big FROM rows WHERE tbl = ?1 AND part = ?2", $lo, $hi, " ORDER BY clus ASC"),
+                concat!("SELECT clus, value, version, big FROM rows WHERE tbl = ?1 AND part = ?2", $lo, $hi, " ORDER BY clus DESC"),
             )*]
         };
     }
@@ -586,7 +661,7 @@ fn scan_rows(conn: &Connection, scan: &Scan) -> rusqlite::Result<Vec<Row>> {
         let Some(r) = rows.next()? else { break };
         out.push(Row {
             clustering: r.get(0)?,
-            value: r.get(1)?,
+            value: value_of(conn, r, 1)?,
             version: r.get::<_, i64>(2)? as u64,
         });
     }
@@ -609,7 +684,7 @@ impl SqliteSnapshot {
         } else {
             let mut stmt = conn.prepare_cached(GET_SQL)?;
             gets.iter()
-                .map(|k| get_with(&mut stmt, k))
+                .map(|k| get_with(conn, &mut stmt, k))
                 .collect::<rusqlite::Result<_>>()?
         };
         let scans = scans
@@ -707,7 +782,7 @@ impl Snapshot for SqliteSnapshot {
                     r.get::<_, Vec<u8>>(1)?,
                     Row {
                         clustering: r.get(2)?,
-                        value: r.get(3)?,
+                        value: value_of(conn, r, 3)?,
                         version: r.get::<_, i64>(4)? as u64,
                     },
                 ))
@@ -715,14 +790,14 @@ impl Snapshot for SqliteSnapshot {
             match &after {
                 None => conn
                     .prepare_cached(
-                        "SELECT tbl, part, clus, value, version FROM rows
+                        "SELECT tbl, part, clus, value, version, big FROM rows
                          ORDER BY tbl, part, clus LIMIT ?1",
                     )?
                     .query_map(params![limit as i64], map)?
                     .collect(),
                 Some(k) => conn
                     .prepare_cached(
-                        "SELECT tbl, part, clus, value, version FROM rows
+                        "SELECT tbl, part, clus, value, version, big FROM rows
                          WHERE (tbl, part, clus) > (?1, ?2, ?3)
                          ORDER BY tbl, part, clus LIMIT ?4",
                     )?
@@ -1021,7 +1096,7 @@ fn trim(conn: &Connection, feed: &str, through: u64, limit: usize) -> StoreResul
 /// Checks every guard of a batch; changes nothing.
 fn check_guards(conn: &Connection, batch: &Batch) -> StoreResult<()> {
     for (i, g) in batch.guards.iter().enumerate() {
-        let current = get_row(conn, &g.key).map_err(map_err)?.map(|r| r.version);
+        let current = version_of(conn, &g.key).map_err(map_err)?;
         let holds = match (g.expect, current) {
             (Expect::Absent, None) => true,
             (Expect::Version(want), Some(have)) => want == have,
@@ -1038,7 +1113,9 @@ fn check_guards(conn: &Connection, batch: &Batch) -> StoreResult<()> {
 fn apply_ops(conn: &Connection, batch: &Batch, seqs: &mut Sequences) -> StoreResult<()> {
     let mut put = conn
         .prepare_cached(
-            "INSERT OR REPLACE INTO rows (tbl, part, clus, value, version) VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO rows (tbl, part, clus, value, version, big) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (tbl, part, clus) DO UPDATE
+             SET value = excluded.value, version = excluded.version, big = excluded.big",
         )
         .map_err(map_err)?;
     let mut delete = conn
@@ -1053,12 +1130,21 @@ fn apply_ops(conn: &Connection, batch: &Batch, seqs: &mut Sequences) -> StoreRes
             } => {
                 let version = i64::try_from(*version)
                     .map_err(|_| StoreError::Invalid("version above i64::MAX".into()))?;
+                let (inline, big): (&[u8], Option<i64>) = if stored_apart(key, value) {
+                    conn.prepare_cached("INSERT INTO big (value) VALUES (?1)")
+                        .and_then(|mut s| s.execute(params![value]))
+                        .map_err(map_err)?;
+                    (&[], Some(conn.last_insert_rowid()))
+                } else {
+                    (value, None)
+                };
                 put.execute(params![
                     key.table.name(),
                     key.partition,
                     key.clustering,
-                    value,
-                    version
+                    inline,
+                    version,
+                    big
                 ])
                 .map_err(map_err)?;
             }

@@ -273,3 +273,124 @@ async fn a_write_failing_halfway_undoes_only_itself() {
         "every round's bad write was undone by a redo"
     );
 }
+
+/// Large values live in `big`, out of the `rows` b-tree, so that no descent
+/// of `rows` reads them; they go when their row is replaced or deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_values_are_kept_out_of_the_rows_tree() {
+    use tarn_store::{Batch, Direction, Key, Scan};
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path()).unwrap();
+    let t = tarn_store::Table::new("t");
+    let key = |c: u8| Key::new(t, b"p".to_vec(), vec![c]);
+    let big = |n: usize, fill: u8| vec![fill; n];
+    let put = |k: Key, v: Vec<u8>| {
+        let mut b = Batch::new();
+        b.put(k, v, 1);
+        b
+    };
+    s.write(put(key(1), big(256 * 1024, 1))).await.unwrap();
+    s.write(put(key(2), big(900, 2))).await.unwrap();
+    s.write(put(key(3), big(2000, 3))).await.unwrap();
+    s.write(put(key(4), b"small".to_vec())).await.unwrap();
+    let db = || rusqlite::Connection::open(dir.path().join("tarn.sqlite")).unwrap();
+    let count = |sql: &str| -> i64 { db().query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT count(*) FROM big"),
+        2,
+        "the 256 KiB and 2,000-byte values"
+    );
+    assert!(
+        count("SELECT max(length(value)) FROM rows") < 1002,
+        "no row spills"
+    );
+
+    let mut snap = s.snapshot().await.unwrap();
+    let got = snap.get(&key(1)).await.unwrap().unwrap();
+    assert_eq!(got.value, big(256 * 1024, 1));
+    let rows = snap
+        .scan(&Scan::partition(t, b"p".to_vec(), 10).direction(Direction::Reverse))
+        .await
+        .unwrap();
+    let values: Vec<Vec<u8>> = rows.into_iter().map(|r| r.value).collect();
+    assert_eq!(
+        values,
+        vec![
+            b"small".to_vec(),
+            big(2000, 3),
+            big(900, 2),
+            big(256 * 1024, 1)
+        ]
+    );
+    drop(snap);
+
+    // Replaced by a small value, by another large one, and deleted: no
+    // value is left behind in `big`.
+    s.write(put(key(1), b"now small".to_vec())).await.unwrap();
+    s.write(put(key(3), big(3000, 4))).await.unwrap();
+    assert_eq!(count("SELECT count(*) FROM big"), 1);
+    let mut b = Batch::new();
+    b.delete(key(3));
+    s.write(b).await.unwrap();
+    assert_eq!(count("SELECT count(*) FROM big"), 0);
+    let mut snap = s.snapshot().await.unwrap();
+    assert_eq!(
+        snap.get(&key(1)).await.unwrap().unwrap().value,
+        b"now small"
+    );
+    assert_eq!(snap.get(&key(3)).await.unwrap(), None);
+}
+
+/// A store written before values could live apart (no `big` column) opens,
+/// reads its large values where they are, and keeps new ones apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_from_before_big_values_still_reads() {
+    use tarn_store::{Batch, Key};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = rusqlite::Connection::open(dir.path().join("tarn.sqlite")).unwrap();
+        db.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             CREATE TABLE rows (tbl TEXT NOT NULL, part BLOB NOT NULL, clus BLOB NOT NULL,
+                 value BLOB NOT NULL, version INTEGER NOT NULL,
+                 PRIMARY KEY (tbl, part, clus)) WITHOUT ROWID;",
+        )
+        .unwrap();
+        db.execute(
+            "INSERT INTO rows VALUES ('t', x'70', x'01', ?1, 7)",
+            [vec![9u8; 100_000]],
+        )
+        .unwrap();
+    }
+    let s = SqliteStore::open(dir.path()).unwrap();
+    let t = tarn_store::Table::new("t");
+    let old = Key::new(t, b"p".to_vec(), vec![1]);
+    let row = s
+        .snapshot()
+        .await
+        .unwrap()
+        .get(&old)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((row.value, row.version), (vec![9u8; 100_000], 7));
+    let mut b = Batch::new();
+    b.put(old.clone(), vec![8u8; 50_000], 8);
+    s.write(b).await.unwrap();
+    let row = s
+        .snapshot()
+        .await
+        .unwrap()
+        .get(&old)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((row.value, row.version), (vec![8u8; 50_000], 8));
+    let db = rusqlite::Connection::open(dir.path().join("tarn.sqlite")).unwrap();
+    let (inline, apart): (i64, i64) = db
+        .query_row("SELECT length(value), big IS NOT NULL FROM rows", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!((inline, apart), (0, 1));
+}
