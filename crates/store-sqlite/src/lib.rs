@@ -353,12 +353,13 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
     // FULL: in WAL mode the WAL is fsynced at every commit, so an
     // acknowledged write survives a crash or power loss.
     conn.pragma_update(None, "synchronous", "FULL")?;
-    // Each write's SAVEPOINT keeps the pages it changes first in a
-    // sub-journal, which SQLite spills to a temporary file past 64 KiB: a
-    // create touches a few dozen pages, so every create wrote them through
-    // the kernel (perf: a fifth of the CPU under 16 writers). Kept in
-    // memory, a sub-journal holds one write's pages at most, and is
-    // emptied when the write's savepoint is released.
+    // Statement journals and the sub-journals of savepoints (writes run
+    // again after a failure halfway, see `commit_group`) stay in memory:
+    // SQLite spills them to a temporary file past 64 KiB, and when every
+    // write had its savepoint that put a create's few dozen pages through
+    // the kernel (perf: a fifth of the CPU under 16 writers). A sub-journal
+    // holds one write's pages at most and is emptied when its savepoint is
+    // released.
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     // The checkpointer thread does this work, not the writer's commits.
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
@@ -837,7 +838,9 @@ impl Snapshot for SqliteSnapshot {
 /// The writer's numbering of feed entries: the last sequence number given
 /// per feed, loaded when first needed and saved with every group that
 /// appends. Numbers are given in commit order (one writer, one transaction
-/// per group); a rolled-back write leaves a gap, never a reuse.
+/// per group); a rolled-back write, or a group run again after a failure
+/// halfway, leaves gaps, never a reuse, so a reader polling past its last
+/// cursor skips nothing.
 #[derive(Default)]
 struct Sequences {
     last: std::collections::HashMap<&'static str, u64>,
@@ -988,23 +991,39 @@ fn commit_group(
         return fail_all(group, &map_err(e));
     }
     let mut outcomes = match apply_each(conn, group, seqs) {
-        Some(outcomes) => outcomes,
-        None => {
+        Ok(outcomes) => outcomes,
+        Err(e) => {
             shared.groups_redone.fetch_add(1, Ordering::Relaxed);
-            let _ = conn.execute_batch("ROLLBACK");
+            tracing::warn!(error = %e, writes = group.len(),
+                "a write failed halfway; its group runs again with a savepoint per write");
+            if let Err(e) = rollback(conn) {
+                return fail_all(group, &e);
+            }
             if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
                 return fail_all(group, &map_err(e));
             }
-            group
-                .iter()
-                .map(|job| apply_one(conn, &job.work, seqs))
-                .collect()
+            let mut outcomes = Vec::with_capacity(group.len());
+            for job in group {
+                let outcome = apply_one(conn, &job.work, seqs);
+                if conn.is_autocommit() {
+                    // SQLite ended the whole transaction (a full disk, an
+                    // I/O error): nothing of the group stands.
+                    let e = outcome.err().unwrap_or_else(|| {
+                        StoreError::Other("the group's transaction ended early".into())
+                    });
+                    return fail_all(group, &e);
+                }
+                outcomes.push(outcome);
+            }
+            outcomes
         }
     };
     let commit = seqs.save(conn).and_then(|()| run_cached(conn, "COMMIT"));
     if let Err(e) = commit {
         let e = map_err(e);
-        let _ = conn.execute_batch("ROLLBACK");
+        if let Err(r) = rollback(conn) {
+            tracing::error!(error = %r, "rolling back a failed commit failed");
+        }
         for o in outcomes.iter_mut() {
             if o.is_ok() {
                 *o = Err(clone_err(&e));
@@ -1014,24 +1033,32 @@ fn commit_group(
     outcomes
 }
 
+/// Ends the open transaction without applying it, unless SQLite already
+/// ended it (some errors roll a whole transaction back).
+fn rollback(conn: &Connection) -> StoreResult<()> {
+    if conn.is_autocommit() {
+        return Ok(());
+    }
+    conn.execute_batch("ROLLBACK").map_err(map_err)
+}
+
 fn fail_all(group: &[WriteJob], e: &StoreError) -> Vec<StoreResult<usize>> {
     group.iter().map(|_| Err(clone_err(e))).collect()
 }
 
-/// Applies each write of a group without savepoints: `None` as soon as a
+/// Applies each write of a group without savepoints; fails as soon as a
 /// write fails otherwise than by a guard (it may have changed rows).
 fn apply_each(
     conn: &Connection,
     group: &[WriteJob],
     seqs: &mut Sequences,
-) -> Option<Vec<StoreResult<usize>>> {
+) -> StoreResult<Vec<StoreResult<usize>>> {
     let mut outcomes = Vec::with_capacity(group.len());
     for job in group {
         let outcome = match &job.work {
             Work::Batch(batch) => match check_guards(conn, batch) {
                 Ok(()) => apply_ops(conn, batch, seqs).map(|()| 0),
-                Err(e @ StoreError::GuardFailed { .. }) => Err(e),
-                Err(_) => return None,
+                Err(e) => Err(e),
             },
             Work::Trim {
                 feed,
@@ -1039,15 +1066,12 @@ fn apply_each(
                 limit,
             } => trim(conn, feed, *through, *limit),
         };
-        if outcome
-            .as_ref()
-            .is_err_and(|e| !matches!(e, StoreError::GuardFailed { .. }))
-        {
-            return None;
+        match outcome {
+            Err(e) if !matches!(e, StoreError::GuardFailed { .. }) => return Err(e),
+            outcome => outcomes.push(outcome),
         }
-        outcomes.push(outcome);
     }
-    Some(outcomes)
+    Ok(outcomes)
 }
 
 fn clone_err(e: &StoreError) -> StoreError {
@@ -1071,6 +1095,11 @@ fn apply_one(conn: &Connection, work: &Work, seqs: &mut Sequences) -> StoreResul
             limit,
         } => trim(conn, feed, *through, *limit),
     };
+    if conn.is_autocommit() {
+        // SQLite ended the transaction, savepoint and all: the caller
+        // fails the group.
+        return result;
+    }
     if result.is_err() {
         run_cached(conn, "ROLLBACK TO w").map_err(map_err)?;
     }

@@ -203,13 +203,15 @@ async fn the_wal_stays_bounded_under_steady_reads_and_writes() {
 }
 
 /// Writes go without savepoints; a write that fails after changing rows
-/// must still leave nothing behind, and the writes sharing its group land.
+/// must still leave nothing behind (rows or feed entries), and the writes
+/// around it land, their feed entries in rising cursors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_failing_halfway_undoes_only_itself() {
     use tarn_store::{Batch, Expect, Key};
     let dir = tempfile::tempdir().unwrap();
     let s = Arc::new(SqliteStore::open(dir.path()).unwrap());
     let t = tarn_store::Table::new("t");
+    let feed = tarn_store::Table::new("f");
     let key = |p: &str, c: u32| Key::new(t, p.as_bytes(), c.to_be_bytes());
     let redone = |s: &SqliteStore| {
         s.counters()
@@ -218,17 +220,20 @@ async fn a_write_failing_halfway_undoes_only_itself() {
             .map(|(_, v)| v)
             .unwrap()
     };
+    let mut cursor: Option<Vec<u8>> = None;
     for round in 0..20u32 {
         let mut writes = Vec::new();
         for i in 0..32u32 {
             let mut b = Batch::new();
             b.put(key("good", round * 100 + i), b"v".to_vec(), 1);
             b.put(key("good", round * 100 + i + 50), b"w".to_vec(), 1);
+            b.append(feed, format!("{round}/{i}").into_bytes());
             if i == 16 {
                 // Its first put lands in the group's transaction; its
                 // second cannot be stored (versions are stored as i64).
                 b = Batch::new();
                 b.put(key("bad", round), b"x".to_vec(), 1);
+                b.append(feed, b"bad".to_vec());
                 b.put(key("bad", round + 1000), b"y".to_vec(), u64::MAX);
             }
             if i == 20 {
@@ -267,6 +272,23 @@ async fn a_write_failing_halfway_undoes_only_itself() {
                     .is_some();
             assert_eq!(landed, i != 20, "round {round}, write {i}");
         }
+        // The round's entries: one per write that landed, none of the bad
+        // write's, in cursors that only rise.
+        let entries = snap.read_feed(feed, cursor.as_deref(), 100).await.unwrap();
+        let mut got: Vec<String> = entries
+            .iter()
+            .map(|e| String::from_utf8(e.value.clone()).unwrap())
+            .collect();
+        assert!(entries.windows(2).all(|w| w[0].cursor < w[1].cursor));
+        assert!(!got.contains(&"bad".to_string()), "round {round}: {got:?}");
+        got.sort();
+        let mut want: Vec<String> = (0..32u32)
+            .filter(|i| *i != 16 && *i != 20)
+            .map(|i| format!("{round}/{i}"))
+            .collect();
+        want.sort();
+        assert_eq!(got, want, "round {round}");
+        cursor = entries.last().map(|e| e.cursor.clone());
     }
     assert!(
         redone(&s) >= 20,
