@@ -381,6 +381,7 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
              tbl TEXT NOT NULL,
              seq INTEGER NOT NULL,
              value BLOB NOT NULL,
+             big INTEGER,
              PRIMARY KEY (tbl, seq)
          ) WITHOUT ROWID;
          CREATE TABLE IF NOT EXISTS feed_seq (
@@ -388,14 +389,16 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
              last INTEGER NOT NULL
          );",
     )?;
-    // Stores made before values could live in `big` have no `big` column:
-    // their large values stay in `rows` (and read as before) until written
-    // again.
-    let has_big: bool = conn
-        .prepare("SELECT 1 FROM pragma_table_info('rows') WHERE name = 'big'")?
-        .exists([])?;
-    if !has_big {
-        conn.execute_batch("ALTER TABLE rows ADD COLUMN big INTEGER")?;
+    // Stores made before values could live in `big` have no `big` columns:
+    // their large values stay where they are (and read as before) until
+    // written again.
+    for table in ["rows", "feed"] {
+        let has_big: bool = conn
+            .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = 'big'")?
+            .exists([table])?;
+        if !has_big {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN big INTEGER"))?;
+        }
     }
     // A value in `big` goes with its row: replaced, or deleted.
     conn.execute_batch(
@@ -403,6 +406,9 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
              WHEN old.big IS NOT NULL AND old.big IS NOT new.big
              BEGIN DELETE FROM big WHERE id = old.big; END;
          CREATE TRIGGER IF NOT EXISTS rows_big_deleted AFTER DELETE ON rows
+             WHEN old.big IS NOT NULL
+             BEGIN DELETE FROM big WHERE id = old.big; END;
+         CREATE TRIGGER IF NOT EXISTS feed_big_deleted AFTER DELETE ON feed
              WHEN old.big IS NOT NULL
              BEGIN DELETE FROM big WHERE id = old.big; END;",
     )?;
@@ -540,10 +546,21 @@ const MAX_LOCAL: usize = 1002;
 /// descent nothing; the row keeps the id of its value in `big` (a rowid
 /// table, looked up by integer) and an empty `value`.
 fn stored_apart(key: &Key, value: &[u8]) -> bool {
-    // The record: a header of a few bytes a column, the table name, both
-    // keys, the value and the version.
-    key.table.name().len() + key.partition.len() + key.clustering.len() + value.len() + 32
-        > MAX_LOCAL
+    spills(key.table.name().len() + key.partition.len() + key.clustering.len() + value.len())
+}
+
+/// Whether a record of these column bytes, plus a header of a few bytes a
+/// column and an integer or two, would spill. The same holds for `feed`,
+/// whose entries carry whole items.
+fn spills(bytes: usize) -> bool {
+    bytes + 32 > MAX_LOCAL
+}
+
+/// Keeps a value in `big`; answers its id there.
+fn put_big(conn: &Connection, value: &[u8]) -> rusqlite::Result<i64> {
+    conn.prepare_cached("INSERT INTO big (value) VALUES (?1)")?
+        .execute(params![value])?;
+    Ok(conn.last_insert_rowid())
 }
 
 /// The columns a read takes, after `clus` where it takes it: the value
@@ -551,10 +568,16 @@ fn stored_apart(key: &Key, value: &[u8]) -> bool {
 const GET_SQL: &str =
     "SELECT value, version, big FROM rows WHERE tbl = ?1 AND part = ?2 AND clus = ?3";
 
-/// A row's value: the one in the row, or the one in `big` it points to.
-fn value_of(conn: &Connection, r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Vec<u8>> {
-    match r.get::<_, Option<i64>>(at + 2)? {
-        None => r.get(at),
+/// A row's value: the one in column `value` of the row, or the one in
+/// `big` that column `big` points to.
+fn value_of(
+    conn: &Connection,
+    r: &rusqlite::Row<'_>,
+    value: usize,
+    big: usize,
+) -> rusqlite::Result<Vec<u8>> {
+    match r.get::<_, Option<i64>>(big)? {
+        None => r.get(value),
         Some(id) => conn
             .prepare_cached("SELECT value FROM big WHERE id = ?1")?
             .query_row(params![id], |b| b.get(0))
@@ -595,7 +618,7 @@ fn get_with(
     };
     Ok(Some(Row {
         clustering: key.clustering.clone(),
-        value: value_of(conn, r, 0)?,
+        value: value_of(conn, r, 0, 2)?,
         version: r.get::<_, i64>(1)? as u64,
     }))
 }
@@ -662,7 +685,7 @@ fn scan_rows(conn: &Connection, scan: &Scan) -> rusqlite::Result<Vec<Row>> {
         let Some(r) = rows.next()? else { break };
         out.push(Row {
             clustering: r.get(0)?,
-            value: value_of(conn, r, 1)?,
+            value: value_of(conn, r, 1, 3)?,
             version: r.get::<_, i64>(2)? as u64,
         });
     }
@@ -755,12 +778,12 @@ impl Snapshot for SqliteSnapshot {
         let read = || -> rusqlite::Result<Vec<FeedEntry>> {
             // No `LIMIT ?` (see `scan_sql`): read `limit` rows and stop.
             let mut stmt = conn.prepare_cached(
-                "SELECT seq, value FROM feed WHERE tbl = ?1 AND seq > ?2 ORDER BY seq",
+                "SELECT seq, value, big FROM feed WHERE tbl = ?1 AND seq > ?2 ORDER BY seq",
             )?;
             let rows = stmt.query_map(params![feed.name(), after], |r| {
                 Ok(FeedEntry {
                     cursor: (r.get::<_, i64>(0)? as u64).to_be_bytes().to_vec(),
-                    value: r.get(1)?,
+                    value: value_of(conn, r, 1, 2)?,
                 })
             })?;
             rows.take(limit).collect()
@@ -783,7 +806,7 @@ impl Snapshot for SqliteSnapshot {
                     r.get::<_, Vec<u8>>(1)?,
                     Row {
                         clustering: r.get(2)?,
-                        value: value_of(conn, r, 3)?,
+                        value: value_of(conn, r, 3, 5)?,
                         version: r.get::<_, i64>(4)? as u64,
                     },
                 ))
@@ -1160,10 +1183,7 @@ fn apply_ops(conn: &Connection, batch: &Batch, seqs: &mut Sequences) -> StoreRes
                 let version = i64::try_from(*version)
                     .map_err(|_| StoreError::Invalid("version above i64::MAX".into()))?;
                 let (inline, big): (&[u8], Option<i64>) = if stored_apart(key, value) {
-                    conn.prepare_cached("INSERT INTO big (value) VALUES (?1)")
-                        .and_then(|mut s| s.execute(params![value]))
-                        .map_err(map_err)?;
-                    (&[], Some(conn.last_insert_rowid()))
+                    (&[], Some(put_big(conn, value).map_err(map_err)?))
                 } else {
                     (value, None)
                 };
@@ -1186,12 +1206,18 @@ fn apply_ops(conn: &Connection, batch: &Batch, seqs: &mut Sequences) -> StoreRes
     }
     if !batch.appends.is_empty() {
         let mut append = conn
-            .prepare_cached("INSERT INTO feed (tbl, seq, value) VALUES (?1, ?2, ?3)")
+            .prepare_cached("INSERT INTO feed (tbl, seq, value, big) VALUES (?1, ?2, ?3, ?4)")
             .map_err(map_err)?;
         for a in &batch.appends {
             let seq = seqs.next(conn, a.feed.name()).map_err(map_err)?;
+            let (inline, big): (&[u8], Option<i64>) =
+                if spills(a.feed.name().len() + 8 + a.value.len()) {
+                    (&[], Some(put_big(conn, &a.value).map_err(map_err)?))
+                } else {
+                    (&a.value, None)
+                };
             append
-                .execute(params![a.feed.name(), seq as i64, a.value])
+                .execute(params![a.feed.name(), seq as i64, inline, big])
                 .map_err(map_err)?;
         }
     }

@@ -416,3 +416,52 @@ async fn a_store_from_before_big_values_still_reads() {
         .unwrap();
     assert_eq!((inline, apart), (0, 1));
 }
+
+/// Feed entries carry whole items: a large one lives in `big` too, and goes
+/// when the feed is trimmed past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_feed_entries_are_kept_apart_and_trimmed() {
+    use tarn_store::Batch;
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path()).unwrap();
+    let feed = tarn_store::Table::new("f");
+    for value in [vec![7u8; 5000], b"small".to_vec(), vec![8u8; 70_000]] {
+        let mut b = Batch::new();
+        b.append(feed, value);
+        s.write(b).await.unwrap();
+    }
+    let db = rusqlite::Connection::open(dir.path().join("tarn.sqlite")).unwrap();
+    let count = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(count("SELECT count(*) FROM big"), 2);
+    assert!(
+        count("SELECT max(length(value)) FROM feed") < 1002,
+        "no entry spills"
+    );
+    let entries = s
+        .snapshot()
+        .await
+        .unwrap()
+        .read_feed(feed, None, 10)
+        .await
+        .unwrap();
+    let values: Vec<Vec<u8>> = entries.iter().map(|e| e.value.clone()).collect();
+    assert_eq!(
+        values,
+        vec![vec![7u8; 5000], b"small".to_vec(), vec![8u8; 70_000]]
+    );
+    s.trim_feed(feed, &entries[1].cursor, 10).await.unwrap();
+    assert_eq!(
+        count("SELECT count(*) FROM big"),
+        1,
+        "the trimmed entry's value went"
+    );
+    let left = s
+        .snapshot()
+        .await
+        .unwrap()
+        .read_feed(feed, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].value, vec![8u8; 70_000]);
+}
