@@ -387,26 +387,21 @@ async fn a_store_from_before_big_values_still_reads() {
     let s = SqliteStore::open(dir.path()).unwrap();
     let t = tarn_store::Table::new("t");
     let old = Key::new(t, b"p".to_vec(), vec![1]);
-    let row = s
-        .snapshot()
-        .await
-        .unwrap()
-        .get(&old)
-        .await
-        .unwrap()
-        .unwrap();
+    let read = || async {
+        s.snapshot()
+            .await
+            .unwrap()
+            .get(&old)
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let row = read().await;
     assert_eq!((row.value, row.version), (vec![9u8; 100_000], 7));
     let mut b = Batch::new();
     b.put(old.clone(), vec![8u8; 50_000], 8);
     s.write(b).await.unwrap();
-    let row = s
-        .snapshot()
-        .await
-        .unwrap()
-        .get(&old)
-        .await
-        .unwrap()
-        .unwrap();
+    let row = read().await;
     assert_eq!((row.value, row.version), (vec![8u8; 50_000], 8));
     let db = rusqlite::Connection::open(dir.path().join("tarn.sqlite")).unwrap();
     let (inline, apart): (i64, i64) = db
@@ -437,13 +432,15 @@ async fn large_feed_entries_are_kept_apart_and_trimmed() {
         count("SELECT max(length(value)) FROM feed") < 1002,
         "no entry spills"
     );
-    let entries = s
-        .snapshot()
-        .await
-        .unwrap()
-        .read_feed(feed, None, 10)
-        .await
-        .unwrap();
+    let read = || async {
+        s.snapshot()
+            .await
+            .unwrap()
+            .read_feed(feed, None, 10)
+            .await
+            .unwrap()
+    };
+    let entries = read().await;
     let values: Vec<Vec<u8>> = entries.iter().map(|e| e.value.clone()).collect();
     assert_eq!(
         values,
@@ -455,13 +452,7 @@ async fn large_feed_entries_are_kept_apart_and_trimmed() {
         1,
         "the trimmed entry's value went"
     );
-    let left = s
-        .snapshot()
-        .await
-        .unwrap()
-        .read_feed(feed, None, 10)
-        .await
-        .unwrap();
+    let left = read().await;
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].value, vec![8u8; 70_000]);
 }
