@@ -8,12 +8,18 @@
 //! blob goes to the *graveyard* with a due time (`body_grace` later), so a
 //! download that started before the change reads to its end; a node's
 //! sweeper removes due blobs in bounded batches. An upload registers its
-//! blob in the graveyard when it starts (due a day later) and takes it out
-//! when it lands, so the bytes of an upload whose node stopped mid-way are
-//! removed too.
+//! blob in the graveyard with its first chunks (due a day later) and takes
+//! it out when it lands, so the bytes of an upload whose node stopped
+//! mid-way are removed too.
+//!
+//! Uploads take turns at a node's few upload places while they hash and
+//! store, and rest at them in proportion to the time they worked
+//! (`EngineConfig::upload_share`): a node busy with uploads keeps most of
+//! its CPU for readers, and an upload's client is slowed by TCP flow
+//! control rather than buffered.
 
 use std::ops::Bound;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::Digest;
 use tarn_store::{Batch, Key, Scan, SnapshotExt};
@@ -30,6 +36,9 @@ const CHUNKS_PER_IO: usize = 4;
 /// How long an upload may take before its bytes are swept as abandoned.
 const UPLOAD_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 const HOUR_MICROS: i64 = 3600 * 1_000_000;
+/// The shortest rest an upload takes: shorter debts add up until they are
+/// worth a timer.
+const MIN_REST: Duration = Duration::from_millis(2);
 
 /// An upload in progress. Write the bytes with [`BodyUpload::write`], then
 /// [`BodyUpload::finish`]. Dropped unfinished, its chunks are removed.
@@ -48,6 +57,10 @@ pub struct BodyUpload {
     next_chunk: u64,
     size: u64,
     hasher: sha2::Sha256,
+    /// Whether chunks (and the graveyard entry with them) were written.
+    stored: bool,
+    /// Rest this upload owes its place (see `EngineConfig::upload_share`).
+    owed: Duration,
     done: bool,
 }
 
@@ -106,10 +119,7 @@ impl Engine {
         self.require_role(&a, Role::Editor, "uploading a body")?;
         let blob = b64(&random_bytes::<16>());
         let pending = grave_key(&blob, self.now() + UPLOAD_DEADLINE.as_micros() as i64);
-        let mut b = Batch::new();
-        b.put(pending.clone(), blob.as_bytes().to_vec(), 1);
-        self.retrying(|| async { Ok(self.store().write(b.clone()).await?) })
-            .await?;
+        self.count_upload(1);
         Ok(BodyUpload {
             engine: self.clone(),
             caller: caller.clone(),
@@ -123,6 +133,8 @@ impl Engine {
             next_chunk: 0,
             size: 0,
             hasher: sha2::Sha256::new(),
+            stored: false,
+            owed: Duration::ZERO,
             done: false,
         })
     }
@@ -235,12 +247,8 @@ impl BodyUpload {
     /// of the node's upload places while it hashes and stores them.
     pub async fn write(&mut self, data: &[u8]) -> Result<()> {
         let engine = self.engine.clone();
-        let _slot = engine
-            .inner
-            .uploads
-            .acquire()
-            .await
-            .map_err(|e| EngineError::Internal(format!("upload places: {e}")))?;
+        let slot = engine.upload_place().await?;
+        let began = Instant::now();
         self.size += data.len() as u64;
         if self.size > self.engine.config().max_body {
             return Err(EngineError::TooLarge(format!(
@@ -257,10 +265,33 @@ impl BodyUpload {
         if self.buf.len() >= CHUNK * CHUNKS_PER_IO {
             self.flush(false).await?;
         }
+        self.rest(began, false).await;
+        drop(slot);
         Ok(())
     }
 
-    /// Writes every full chunk held (all of them if `last`).
+    /// Owes the place a rest for the time it was held since `began`, and
+    /// rests (still holding it) once the debt is worth a timer, or when
+    /// `settle`: so uploads keep the place busy at most
+    /// `EngineConfig::upload_share` of the time while the node serves
+    /// others. Alone, they owe nothing.
+    async fn rest(&mut self, began: Instant, settle: bool) {
+        let share = self.engine.config().upload_share.clamp(0.01, 1.0);
+        if share >= 1.0 || !self.engine.serving_others() {
+            self.owed = Duration::ZERO;
+            return;
+        }
+        self.owed += began.elapsed().mul_f64((1.0 - share) / share);
+        if self.owed >= MIN_REST || (settle && !self.owed.is_zero()) {
+            let rest = std::mem::take(&mut self.owed);
+            self.engine.count_upload_rest(rest);
+            tokio::time::sleep(rest).await;
+        }
+    }
+
+    /// Writes every full chunk held (all of them if `last`); the first
+    /// write also registers the blob in the graveyard, so its bytes are
+    /// removed if the upload never lands.
     async fn flush(&mut self, last: bool) -> Result<()> {
         let full = if last {
             self.buf.len()
@@ -271,6 +302,9 @@ impl BodyUpload {
             return Ok(());
         }
         let mut b = Batch::new();
+        if !self.stored {
+            b.put(self.pending.clone(), self.blob.as_bytes().to_vec(), 1);
+        }
         for piece in self.buf[..full].chunks(CHUNK) {
             b.put(
                 schema::chunk_key(&self.blob, self.next_chunk),
@@ -280,6 +314,9 @@ impl BodyUpload {
             self.next_chunk += 1;
         }
         self.buf.drain(..full);
+        // Set before writing: a write whose outcome is unknown may have
+        // stored chunks, which dropping the upload must then remove.
+        self.stored = true;
         let engine = &self.engine;
         engine
             .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
@@ -289,7 +326,14 @@ impl BodyUpload {
     /// Stores the last bytes and points the item at the new body, if the
     /// item is still at `if_match` when given.
     pub async fn finish(mut self, if_match: Option<u64>) -> Result<ItemView> {
-        self.flush(true).await?;
+        let engine = self.engine.clone();
+        {
+            let slot = engine.upload_place().await?;
+            let began = Instant::now();
+            self.flush(true).await?;
+            self.rest(began, true).await;
+            drop(slot);
+        }
         let (words, word_count) = match self.text.take() {
             Some(t) => {
                 crate::text::word_counts(&String::from_utf8_lossy(&t), crate::search::BODY_WORDS)
@@ -305,7 +349,6 @@ impl BodyUpload {
             words,
             word_count,
         };
-        let engine = self.engine.clone();
         let view = engine
             .retrying(|| async {
                 let mut snap = engine.snapshot().await?;
@@ -327,7 +370,9 @@ impl BodyUpload {
                 after.version += 1;
                 after.modified_at = engine.now().max(a.item.modified_at + 1);
                 let mut b = Batch::new();
-                b.delete(self.pending.clone());
+                if self.stored {
+                    b.delete(self.pending.clone());
+                }
                 if let Some(old) = &a.item.body {
                     engine.bury_blob(&mut b, &old.blob);
                 }
@@ -346,7 +391,8 @@ impl BodyUpload {
 
 impl Drop for BodyUpload {
     fn drop(&mut self) {
-        if self.done {
+        self.engine.count_upload(-1);
+        if self.done || !self.stored {
             return;
         }
         // Unfinished (error, client gone): remove what was written now; the

@@ -128,6 +128,15 @@ pub struct EngineConfig {
     /// their clients with them, by TCP flow control), so uploads never take
     /// more than this many cores from readers.
     pub upload_slots: usize,
+    /// The share of the time (0 to 1) an upload place may be working:
+    /// after working for a while an upload rests at its place, so the
+    /// socket reads, hashing, store writes and copies that uploads cost
+    /// leave readers the rest of the machine. 1 means never rest.
+    pub upload_share: f64,
+    /// The node's requests being served, uploads among them, as counted by
+    /// the HTTP layer: uploads rest only while it counts others. Without
+    /// it they always rest.
+    pub requests_in_flight: Option<Arc<AtomicI64>>,
     /// How long a replaced or deleted body's bytes stay readable, so that
     /// downloads that started before the change finish.
     pub body_grace: Duration,
@@ -158,6 +167,8 @@ impl Default for EngineConfig {
             password_queue: 16 * hashers,
             groups_per_hour: 100,
             upload_slots: hashers,
+            upload_share: 0.5,
+            requests_in_flight: None,
             body_grace: Duration::from_secs(6 * 3600),
             sweep_every: Duration::from_secs(60),
             feed_retention: Duration::from_secs(7 * 24 * 3600),
@@ -193,6 +204,10 @@ struct Inner {
     hub: changes::Hub,
     /// The places of uploads working at once (see `upload_slots`).
     uploads: tokio::sync::Semaphore,
+    /// Uploads begun and not yet finished or dropped.
+    uploads_open: AtomicI64,
+    /// Microseconds uploads rested at their places, since start.
+    upload_rest: AtomicU64,
 }
 
 impl Engine {
@@ -213,8 +228,32 @@ impl Engine {
                 hash_waiting: AtomicUsize::new(0),
                 hub: changes::Hub::new(),
                 uploads: tokio::sync::Semaphore::new(uploads),
+                uploads_open: AtomicI64::new(0),
+                upload_rest: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Waits for one of the node's upload places.
+    pub(crate) async fn upload_place(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.inner
+            .uploads
+            .acquire()
+            .await
+            .map_err(|e| EngineError::Internal(format!("upload places: {e}")))
+    }
+
+    /// Counts an upload as open (`1`) or over (`-1`).
+    pub(crate) fn count_upload(&self, by: i64) {
+        self.inner.uploads_open.fetch_add(by, Ordering::Relaxed);
+    }
+
+    /// Whether the node serves requests besides its uploads (always, when
+    /// nobody counts them).
+    pub(crate) fn serving_others(&self) -> bool {
+        let uploads = self.inner.uploads_open.load(Ordering::Relaxed);
+        let requests = self.inner.config.requests_in_flight.as_ref();
+        requests.is_none_or(|n| n.load(Ordering::Relaxed) > uploads)
     }
 
     /// The store behind the engine.
@@ -230,6 +269,18 @@ impl Engine {
     /// How many times operations were run again after a conflict, since start.
     pub fn retries(&self) -> u64 {
         self.inner.retries.load(Ordering::Relaxed)
+    }
+
+    /// How long uploads rested at their places (see
+    /// [`EngineConfig::upload_share`]), since start.
+    pub fn upload_rest(&self) -> Duration {
+        Duration::from_micros(self.inner.upload_rest.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn count_upload_rest(&self, rest: Duration) {
+        self.inner
+            .upload_rest
+            .fetch_add(rest.as_micros() as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn now(&self) -> i64 {

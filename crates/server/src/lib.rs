@@ -76,7 +76,7 @@ pub struct AppState {
 impl AppState {
     /// The state of a server over `store`: the store is wrapped to be timed,
     /// and the engine built on it.
-    pub fn new(store: Arc<dyn Store>, engine: EngineConfig, config: ServerConfig) -> AppState {
+    pub fn new(store: Arc<dyn Store>, mut engine: EngineConfig, config: ServerConfig) -> AppState {
         let operations = openapi::operations();
         let labels: Vec<(String, String)> = operations
             .iter()
@@ -87,6 +87,7 @@ impl AppState {
             route_ids.entry(path).or_default().push((method, i));
         }
         let metrics = Arc::new(Metrics::new(&labels));
+        engine.requests_in_flight = Some(metrics.in_flight());
         let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
         let mut node = [0u8; 4];
         let _ = getrandom::fill(&mut node);

@@ -67,7 +67,7 @@ const STORE_OPS: [&str; 3] = ["snapshot", "read", "write"];
 /// All the server's metrics.
 pub struct Metrics {
     routes: Vec<RouteSeries>,
-    in_flight: AtomicI64,
+    in_flight: Arc<AtomicI64>,
     store: [Histogram; STORE_OPS.len()],
     store_errors: [AtomicU64; STORE_OPS.len()],
 }
@@ -88,7 +88,7 @@ impl Metrics {
         series.shrink_to_fit();
         Metrics {
             routes: series,
-            in_flight: AtomicI64::new(0),
+            in_flight: Arc::new(AtomicI64::new(0)),
             store: Default::default(),
             store_errors: Default::default(),
         }
@@ -97,6 +97,11 @@ impl Metrics {
     /// The index of the unmatched series.
     pub fn unmatched(&self) -> usize {
         self.routes.len() - 1
+    }
+
+    /// The gauge of requests being served.
+    pub fn in_flight(&self) -> Arc<AtomicI64> {
+        self.in_flight.clone()
     }
 
     /// Marks a request as started; the guard marks it finished.
@@ -115,7 +120,12 @@ impl Metrics {
 
     /// The Prometheus text exposition, with the engine's retries and the
     /// store backend's own counters.
-    pub fn render(&self, retries: u64, store: &[(&'static str, u64)]) -> String {
+    pub fn render(
+        &self,
+        retries: u64,
+        upload_rest: Duration,
+        store: &[(&'static str, u64)],
+    ) -> String {
         let mut out = String::with_capacity(16 * 1024);
         out.push_str("# HELP tarn_http_requests_total Requests answered, by route and status.\n");
         out.push_str("# TYPE tarn_http_requests_total counter\n");
@@ -180,6 +190,15 @@ impl Metrics {
         );
         out.push_str("# TYPE tarn_engine_retries_total counter\n");
         let _ = writeln!(out, "tarn_engine_retries_total {retries}");
+        out.push_str(
+            "# HELP tarn_engine_upload_rest_seconds_total Time uploads rested so that readers keep their CPU.\n",
+        );
+        out.push_str("# TYPE tarn_engine_upload_rest_seconds_total counter\n");
+        let _ = writeln!(
+            out,
+            "tarn_engine_upload_rest_seconds_total {}",
+            upload_rest.as_secs_f64()
+        );
         for (name, value) in store {
             let _ = writeln!(
                 out,

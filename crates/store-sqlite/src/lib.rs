@@ -49,10 +49,6 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 /// The most writes combined into one transaction.
 const MAX_GROUP: usize = 512;
-/// Bytes of the database file read through a memory map (SQLite caps it
-/// at its compile-time maximum, 2 GiB by default; the rest is read with
-/// pread).
-const MMAP_BYTES: i64 = 1 << 40;
 /// How long a connection waits for a lock another holds.
 const BUSY_WAIT: Duration = Duration::from_secs(10);
 
@@ -326,10 +322,14 @@ fn closed() -> StoreError {
 fn configure(conn: &Connection, options: &SqliteOptions) -> rusqlite::Result<()> {
     conn.busy_timeout(BUSY_WAIT)?;
     conn.pragma_update(None, "cache_size", -i64::from(options.cache_kib))?;
-    // Pages read through a memory map of the file, shared by every
-    // connection, instead of copied by pread into each connection's own
-    // cache: a large pool's random item reads missed the 8 MiB caches.
-    conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
+    // No memory map (`mmap_size` stays 0): a read transaction that finds
+    // any new commit unmaps the connection's whole map (SQLite's
+    // `pagerBeginReadTransaction`), so under writes every read paid a
+    // `munmap`, TLB shootdowns on every core and page faults to map the
+    // file again. Under `tarn bench upload-storm`, in one session, readers
+    // beside the uploaders kept 34% of their throughput alone with the map
+    // and 52–62% without it; `scripts/measure-api.sh` (no writes) was the
+    // same either way.
     // Every statement is prepared once per connection and kept: 18 scan
     // shapes, point reads, the feed's and the writer's statements, and
     // the transaction statements (parsing `SAVEPOINT`/`RELEASE` for every

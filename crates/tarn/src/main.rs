@@ -143,7 +143,7 @@ struct ServeArgs {
     /// A TOML file with any of: listen, data, store, signup, grace_seconds,
     /// max_json_bytes, session_ttl_hours, max_properties_bytes,
     /// max_body_bytes, trusted_proxies, feed_retention_hours, max_streams,
-    /// max_streams_per_user, groups_per_hour, app_indexes. Flags and
+    /// max_streams_per_user, groups_per_hour, upload_share, app_indexes. Flags and
     /// environment win over it.
     #[arg(long, env = "TARN_CONFIG")]
     config: Option<PathBuf>,
@@ -181,6 +181,11 @@ struct ServeArgs {
     /// Groups one user may create per hour (administrators are not counted) [default: 100].
     #[arg(long, env = "TARN_GROUPS_PER_HOUR")]
     groups_per_hour: Option<u32>,
+    /// The share of the time (above 0, at most 1) uploads may keep this
+    /// node's upload places working; they rest the remainder, so readers
+    /// keep the rest of the CPU. 1: uploads never rest [default: 0.5].
+    #[arg(long, env = "TARN_UPLOAD_SHARE", value_parser = parse_share)]
+    upload_share: Option<f64>,
     /// Declare the indexes the web app's pages use (chat-history: a chat
     /// room's messages, newest first) at start, unless they exist; without
     /// it an administrator declares them (Indexes page) [default: false].
@@ -206,6 +211,7 @@ struct FileConfig {
     max_streams: Option<usize>,
     max_streams_per_user: Option<usize>,
     groups_per_hour: Option<u32>,
+    upload_share: Option<f64>,
     app_indexes: Option<bool>,
 }
 
@@ -415,6 +421,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .groups_per_hour
             .or(file.groups_per_hour)
             .unwrap_or(defaults.groups_per_hour),
+        upload_share: match args.upload_share.or(file.upload_share) {
+            Some(share) => check_share(share).map_err(|e| anyhow::anyhow!("upload_share: {e}"))?,
+            None => defaults.upload_share,
+        },
         ..defaults
     };
 
@@ -656,5 +666,18 @@ fn sorted_keys(value: serde_json::Value) -> serde_json::Value {
         }
         Value::Array(items) => Value::Array(items.into_iter().map(sorted_keys).collect()),
         other => other,
+    }
+}
+
+/// A share of the time: above 0 and at most 1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    check_share(s.parse().map_err(|_| format!("{s:?} is not a number"))?)
+}
+
+fn check_share(share: f64) -> Result<f64, String> {
+    if share > 0.0 && share <= 1.0 {
+        Ok(share)
+    } else {
+        Err(format!("{share} is not above 0 and at most 1"))
     }
 }

@@ -248,6 +248,79 @@ async fn bodies_stream_in_and_out_with_ranges() {
     assert_eq!(store.len(), before_item + 1);
 }
 
+/// Uploads rest at their place in proportion to their work while the node
+/// serves other requests, and not at all when they are alone or their
+/// share is the whole time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_rest_only_beside_other_requests() {
+    let requests = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let engine = |share: f64| {
+        tarn_engine::Engine::new(
+            Arc::new(MemoryStore::new()),
+            tarn_engine::EngineConfig {
+                upload_share: share,
+                requests_in_flight: Some(requests.clone()),
+                ..common::config()
+            },
+        )
+    };
+    let data = vec![7u8; 2 * 1024 * 1024 + 5];
+    async fn upload(e: &tarn_engine::Engine, who: &str, data: &[u8]) {
+        let alice = sign_up(e, who).await;
+        let item = e
+            .create_item(&alice, "file", Default::default(), vec![])
+            .await
+            .unwrap();
+        let mut up = e
+            .begin_body(&alice, &item.item.id, None, "application/octet-stream")
+            .await
+            .unwrap();
+        for piece in data.chunks(64 * 1024) {
+            up.write(piece).await.unwrap();
+        }
+        up.finish(None).await.unwrap();
+    }
+    let set = |n: i64| requests.store(n, std::sync::atomic::Ordering::Relaxed);
+
+    // Alone: the only request being served is the upload itself.
+    let e = engine(0.25);
+    set(1);
+    upload(&e, "alice", &data).await;
+    assert_eq!(e.upload_rest(), std::time::Duration::ZERO, "alone");
+    // Beside four other requests, it rests.
+    set(5);
+    upload(&e, "bob", &data).await;
+    assert!(e.upload_rest() > std::time::Duration::ZERO, "beside others");
+    // Its share the whole time: never.
+    let e = engine(1.0);
+    upload(&e, "alice", &data).await;
+    assert_eq!(e.upload_rest(), std::time::Duration::ZERO, "share 1");
+}
+
+/// An upload dropped before its first chunk was stored leaves nothing; one
+/// dropped after leaves nothing once its clean-up ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_uploads_leave_nothing() {
+    let store = Arc::new(MemoryStore::new());
+    let e = common::engine(store.clone());
+    let alice = sign_up(&e, "alice").await;
+    let item = e
+        .create_item(&alice, "file", Default::default(), vec![])
+        .await
+        .unwrap();
+    let id = item.item.id.clone();
+    let rows = store.len();
+    let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
+    up.write(b"not yet stored").await.unwrap();
+    drop(up);
+    assert_eq!(store.len(), rows, "nothing was written");
+    let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
+    up.write(&vec![1u8; 1024 * 1024 + 1]).await.unwrap();
+    assert_eq!(store.len(), rows + 5, "four chunks and the graveyard entry");
+    drop(up);
+    settle_rows(&store, rows).await;
+}
+
 /// Regression: replacing or deleting a body removed its chunks at once,
 /// breaking downloads in progress.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,7 +30,11 @@ pub async fn health() -> Response {
 pub async fn metrics(State(s): State<AppState>) -> Response {
     let mut res = s
         .metrics
-        .render(s.engine.retries(), &s.engine.store().counters())
+        .render(
+            s.engine.retries(),
+            s.engine.upload_rest(),
+            &s.engine.store().counters(),
+        )
         .into_response();
     res.headers_mut().insert(
         header::CONTENT_TYPE,
