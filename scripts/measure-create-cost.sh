@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${DUR:-8}
 [ $# -gt 0 ] || set -- 1 16 200
-cargo build --release -p tarn >/dev/null
+if [ -z "${BIN:-}" ]; then cargo build --release -p tarn >/dev/null; BIN=./target/release/tarn; fi
 J='content-type: application/json'
 tick=$(getconf CLK_TCK)
 printf '%6s %10s %14s %14s %12s %14s %14s\n' conns creates/s "server µs/op" "writer µs/op" "writer busy" "WAL KiB/op" "writes/op"
@@ -18,7 +18,7 @@ for C in "$@"; do
   DIR=$(mktemp -d)
   PORT=$((20000 + RANDOM % 20000))
   API=http://127.0.0.1:$PORT/api/v1
-  TARN_ADMIN_PASSWORD=measure-admin RUST_LOG=warn ./target/release/tarn serve --listen 127.0.0.1:$PORT --data "$DIR/data" >/dev/null &
+  TARN_ADMIN_PASSWORD=measure-admin RUST_LOG=warn "$BIN" serve --listen 127.0.0.1:$PORT --data "$DIR/data" >/dev/null &
   PID=$!
   trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR"' EXIT
   for _ in $(seq 1 100); do curl -sf $API/health >/dev/null && break; sleep 0.1; done

@@ -4,15 +4,16 @@
 # same run, at 1, 16 and 200 connections; and how many commits share one
 # fsync (the SQLite store's commit groups, from /metrics).
 #   scripts/measure-creates.sh [text]   (needs wrk: apt-get install wrk)
+# BIN=path/to/tarn measures that binary instead of building this checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TEXT=${1:-}
 DUR=${DUR:-10s}
-cargo build --release -p tarn >/dev/null
+if [ -z "${BIN:-}" ]; then cargo build --release -p tarn >/dev/null; BIN=./target/release/tarn; fi
 DIR=$(mktemp -d)
 PORT=$((20000 + RANDOM % 20000))
 API=http://127.0.0.1:$PORT/api/v1
-TARN_ADMIN_PASSWORD=measure-admin RUST_LOG=warn ./target/release/tarn serve --listen 127.0.0.1:$PORT --data "$DIR/data" >/dev/null &
+TARN_ADMIN_PASSWORD=measure-admin RUST_LOG=warn "$BIN" serve --listen 127.0.0.1:$PORT --data "$DIR/data" >/dev/null &
 PID=$!
 trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR"' EXIT
 for _ in $(seq 1 100); do curl -sf $API/health >/dev/null && break; sleep 0.1; done
