@@ -21,7 +21,9 @@
 //!   A large write never waits behind more than one other large write, and
 //!   a small write never waits behind more than one group.
 //!   The writer's connection hands a commit's WAL frames to the kernel in
-//!   one `pwrite` instead of two a page (`walvfs`).
+//!   one `pwrite` instead of two a page (`vfs`).
+//! - **Readers** read through a memory map of the database file that they
+//!   keep across commits (`vfs`).
 //! - **Checkpoints** run on their own thread, so neither the writer's
 //!   commits nor the readers wait for them.
 //! - Both queues are bounded: past the bound a write is refused at once
@@ -33,7 +35,7 @@
 
 #![warn(missing_docs)]
 
-mod walvfs;
+mod vfs;
 
 use std::fs::File;
 use std::ops::Bound;
@@ -53,6 +55,10 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 /// The most writes combined into one transaction.
 const MAX_GROUP: usize = 512;
+/// Bytes of the database file a reader reads through a memory map (SQLite
+/// caps it at its compile-time maximum, 2 GiB by default; the rest is read
+/// with `pread`).
+const MMAP_BYTES: i64 = 1 << 40;
 /// How long a connection waits for a lock another holds.
 const BUSY_WAIT: Duration = Duration::from_secs(10);
 
@@ -326,14 +332,6 @@ fn closed() -> StoreError {
 fn configure(conn: &Connection, options: &SqliteOptions) -> rusqlite::Result<()> {
     conn.busy_timeout(BUSY_WAIT)?;
     conn.pragma_update(None, "cache_size", -i64::from(options.cache_kib))?;
-    // No memory map (`mmap_size` stays 0): a read transaction that finds
-    // any new commit unmaps the connection's whole map (SQLite's
-    // `pagerBeginReadTransaction`), so under writes every read paid a
-    // `munmap`, TLB shootdowns on every core and page faults to map the
-    // file again. Under `tarn bench upload-storm`, in one session, readers
-    // beside the uploaders kept 34% of their throughput alone with the map
-    // and 52–62% without it; `scripts/measure-api.sh` (no writes) was the
-    // same either way.
     // Every statement is prepared once per connection and kept: 18 scan
     // shapes, point reads, the feed's and the writer's statements, and
     // the transaction statements (parsing `SAVEPOINT`/`RELEASE` for every
@@ -354,8 +352,8 @@ fn configure(conn: &Connection, options: &SqliteOptions) -> rusqlite::Result<()>
 }
 
 fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connection> {
-    walvfs::register().map_err(rusqlite::Error::InvalidParameterName)?;
-    let conn = Connection::open_with_flags_and_vfs(db, OpenFlags::default(), walvfs::NAME)?;
+    vfs::register().map_err(rusqlite::Error::InvalidParameterName)?;
+    let conn = Connection::open_with_flags_and_vfs(db, OpenFlags::default(), vfs::NAME)?;
     configure(&conn, options)?;
     let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
@@ -429,11 +427,20 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
 }
 
 fn open_reader(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connection> {
-    let conn = Connection::open_with_flags(
+    vfs::register().map_err(rusqlite::Error::InvalidParameterName)?;
+    let conn = Connection::open_with_flags_and_vfs(
         db,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        vfs::NAME,
     )?;
     configure(&conn, options)?;
+    // Pages read through a memory map of the file, shared by every reader,
+    // instead of copied by `pread` into each connection's own cache, which
+    // SQLite empties whenever a read transaction finds a new commit. The
+    // store's VFS keeps the map across commits (`vfs`); with SQLite's own,
+    // every such transaction dropped and made the whole map again, and
+    // readers beside uploads did worse with a map than without.
+    conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
     Ok(conn)
 }
 
@@ -468,8 +475,8 @@ const RESTART_WAIT: Duration = Duration::from_millis(100);
 
 /// Copies the WAL back into the database every `every` (at least 1 ms),
 /// without ever blocking readers or the writer (`PASSIVE`); when the WAL has
-/// grown past `pages` and at most a quarter of that is left to copy, asks
-/// the writer to restart it (see [`restart_wal`]).
+/// grown past `pages` and at most a quarter of that is left to copy, or past
+/// twice `pages`, asks the writer to restart it (see [`restart_wal`]).
 fn checkpoint_loop(
     conn: Connection,
     stop: Receiver<()>,
@@ -486,10 +493,16 @@ fn checkpoint_loop(
             conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
                 Ok((r.get(1)?, r.get(2)?))
             });
+        let bound = i64::from(pages);
         match wal {
             // Past the bound, and little left to copy: the restart holds
             // writes back for a small copy and the readers' wait only.
-            Ok((log, done)) if log > i64::from(pages) && log - done <= i64::from(pages) / 4 => {
+            // Past twice the bound, whatever is left: this copy cannot keep
+            // up with the writes (the snapshots of readers reading all the
+            // time hold it back by the last few milliseconds of writes,
+            // which a fast writer makes more than a quarter of the bound),
+            // and writes wait for the writer's copy instead.
+            Ok((log, done)) if log > bound && (log - done <= bound / 4 || log > 2 * bound) => {
                 shared.restart_wanted.store(true, Ordering::Relaxed);
             }
             Ok(_) => {}

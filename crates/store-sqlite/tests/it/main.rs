@@ -184,7 +184,8 @@ async fn the_wal_stays_bounded_under_steady_reads_and_writes() {
     }
     assert!(
         most < written / 2,
-        "the WAL reached {most} bytes for {written} written"
+        "the WAL reached {most} bytes for {written} written; {:?}",
+        s.counters()
     );
     let restarts = s
         .counters()

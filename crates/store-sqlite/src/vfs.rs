@@ -1,0 +1,627 @@
+//! The store's VFS: SQLite's default one, with two changes.
+//!
+//! **A commit's appends to the WAL reach the kernel as one `pwrite`**
+//! instead of two a page. SQLite writes each WAL frame as two writes (its
+//! 24-byte header, then the page), each a system call: a create at 16
+//! connections dirtied about 19 pages, so about 38 `pwrite`s, a third of
+//! the writer thread's time. Here a WAL file gathers writes that continue
+//! the previous one in a buffer (at most [`MAX_PENDING`] bytes, written in
+//! pieces of at most [`MAX_WRITE`]), and hands them to the kernel before
+//! anything that could observe the file: a read, a sync, a size, a
+//! truncation, a file control, closing, or a write elsewhere. Readers never
+//! see a frame still in the buffer: other connections learn of new frames
+//! only from the WAL index, which the writer updates after the commit's
+//! sync (`synchronous=FULL`, set by `open_writer`), and the sync empties
+//! the buffer first.
+//!
+//! **A reader keeps its memory map of the database across commits.** A
+//! read transaction that finds any new commit asks the file to drop its
+//! whole map (SQLite's `pagerBeginReadTransaction` calls `xUnfetch(0, 0)`),
+//! so under writes every read paid a `munmap`, TLB shootdowns on every core
+//! and page faults to map the file again, and without a map every page a
+//! reader's emptied cache needs again is copied in by `pread`. Pages in the
+//! database file do not change under a map while a reader needs them (a
+//! checkpoint writes back only frames no reader's snapshot predates, and
+//! the kernel's page cache keeps a shared map and `pwrite` coherent), so
+//! the map is kept: it is dropped only when the file has shrunk (nothing
+//! here shrinks it: no `VACUUM`, no auto-vacuum; but never risk a read past
+//! its end) or grown by more than [`REMAP_GROWTH`], and pages past the
+//! mapped end are read with `pread` until then.
+//!
+//! Every other file (journals, shared memory) is the default VFS's own.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::OnceLock;
+
+use rusqlite::ffi;
+
+/// The VFS's name, for `Connection::open_with_flags_and_vfs`.
+pub(crate) const NAME: &CStr = c"tarn";
+
+/// The most bytes gathered before they are written anyway.
+const MAX_PENDING: usize = 4 << 20;
+
+/// The most bytes one write hands the default VFS: its `unixWrite` writes
+/// only the low 17 bits of a length (`seekAndWriteFd`), and answers
+/// `SQLITE_FULL` for the rest.
+const MAX_WRITE: usize = 0x1_ffff;
+
+/// How far the database file grows past a reader's map before the map is
+/// dropped (and made again, at the new size, at the next read).
+const REMAP_GROWTH: i64 = 8 << 20;
+
+/// The default VFS, which does the work.
+static DEFAULT: AtomicPtr<ffi::sqlite3_vfs> = AtomicPtr::new(ptr::null_mut());
+
+/// A WAL or main database file of this VFS: the default VFS's file follows
+/// it in the same allocation, at [`REAL_AT`].
+#[repr(C)]
+struct OurFile {
+    base: ffi::sqlite3_file,
+    /// A WAL's bytes written but not yet handed to the kernel, to go at
+    /// `at`.
+    pending: Vec<u8>,
+    at: i64,
+    /// A database file's size when its map was last let go (or when it was
+    /// opened): the map made after that covers about this much.
+    mapped_size: i64,
+}
+
+const REAL_AT: usize = (std::mem::size_of::<OurFile>() + 15) & !15;
+
+/// Registers the VFS once per process (not as the default).
+pub(crate) fn register() -> Result<(), String> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        // SAFETY: sqlite3_vfs_find initialises SQLite and returns a VFS
+        // that lives as long as the process; the copy made of it is leaked
+        // on purpose, as SQLite keeps a pointer to it.
+        unsafe {
+            let default = ffi::sqlite3_vfs_find(ptr::null());
+            if default.is_null() {
+                return Err("SQLite has no default VFS".into());
+            }
+            DEFAULT.store(default, Ordering::Release);
+            let mut vfs = *default;
+            vfs.szOsFile = (REAL_AT + (*default).szOsFile as usize) as c_int;
+            vfs.zName = NAME.as_ptr();
+            vfs.pNext = ptr::null_mut();
+            vfs.xOpen = Some(open);
+            let rc = ffi::sqlite3_vfs_register(Box::leak(Box::new(vfs)), 0);
+            if rc != ffi::SQLITE_OK {
+                return Err(format!("registering the store's VFS failed: {rc}"));
+            }
+        }
+        Ok(())
+    })
+    .clone()
+}
+
+fn default_vfs() -> *mut ffi::sqlite3_vfs {
+    DEFAULT.load(Ordering::Acquire)
+}
+
+/// The default VFS's file inside one of ours.
+///
+/// # Safety
+/// `file` is an `OurFile` this VFS opened.
+unsafe fn real(file: *mut ffi::sqlite3_file) -> *mut ffi::sqlite3_file {
+    unsafe { file.cast::<u8>().add(REAL_AT).cast() }
+}
+
+/// The default VFS's methods of the file inside one of ours.
+///
+/// # Safety
+/// `file` is an `OurFile` this VFS opened and has not closed.
+unsafe fn methods(file: *mut ffi::sqlite3_file) -> &'static ffi::sqlite3_io_methods {
+    unsafe { &*(*real(file)).pMethods }
+}
+
+unsafe extern "C" fn open(
+    _vfs: *mut ffi::sqlite3_vfs,
+    name: ffi::sqlite3_filename,
+    file: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
+    let default = default_vfs();
+    // SAFETY: SQLite gives `file` szOsFile bytes, enough for the default
+    // VFS's file at its start or after an OurFile.
+    unsafe {
+        let open = (*default).xOpen.expect("every VFS opens files");
+        let ours: &'static ffi::sqlite3_io_methods = if flags & ffi::SQLITE_OPEN_WAL != 0 {
+            &WAL_METHODS
+        } else if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 {
+            &DB_METHODS
+        } else {
+            // The default VFS's file itself, methods and all.
+            return open(default, name, file, flags, out_flags);
+        };
+        (*file).pMethods = ptr::null();
+        let real = real(file);
+        (*real).pMethods = ptr::null();
+        let rc = open(default, name, real, flags, out_flags);
+        if rc != ffi::SQLITE_OK {
+            if !(*real).pMethods.is_null() {
+                if let Some(close) = (*(*real).pMethods).xClose {
+                    close(real);
+                }
+            }
+            return rc;
+        }
+        let mut size = 0;
+        if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 {
+            let rc = ((*(*real).pMethods).xFileSize.expect("files have sizes"))(real, &mut size);
+            if rc != ffi::SQLITE_OK {
+                ((*(*real).pMethods).xClose.expect("files close"))(real);
+                return rc;
+            }
+        }
+        ptr::write(
+            file.cast::<OurFile>(),
+            OurFile {
+                base: ffi::sqlite3_file { pMethods: ours },
+                pending: Vec::new(),
+                at: 0,
+                mapped_size: size,
+            },
+        );
+        ffi::SQLITE_OK
+    }
+}
+
+/// Hands a WAL's gathered bytes to the kernel, in writes of at most
+/// [`MAX_WRITE`] bytes (a database file never has any). On failure they
+/// are dropped: the commit that wrote them fails, and SQLite writes those
+/// frames again.
+///
+/// # Safety
+/// `file` is an open `OurFile`.
+unsafe fn flush(file: *mut ffi::sqlite3_file) -> c_int {
+    unsafe {
+        let ours = &mut *file.cast::<OurFile>();
+        let write = methods(file).xWrite.expect("files are written");
+        let mut rc = ffi::SQLITE_OK;
+        let mut at = ours.at;
+        for piece in ours.pending.chunks(MAX_WRITE) {
+            rc = write(real(file), piece.as_ptr().cast(), piece.len() as c_int, at);
+            if rc != ffi::SQLITE_OK {
+                break;
+            }
+            at += piece.len() as i64;
+        }
+        ours.pending.clear();
+        rc
+    }
+}
+
+macro_rules! flushed {
+    ($file:expr) => {{
+        let rc = flush($file);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+    }};
+}
+
+unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
+    unsafe {
+        let flushed = flush(file);
+        let closed = (methods(file).xClose.expect("files close"))(real(file));
+        ptr::drop_in_place(file.cast::<OurFile>());
+        (*file).pMethods = ptr::null();
+        if flushed != ffi::SQLITE_OK {
+            flushed
+        } else {
+            closed
+        }
+    }
+}
+
+unsafe extern "C" fn read(
+    file: *mut ffi::sqlite3_file,
+    buf: *mut c_void,
+    amount: c_int,
+    offset: i64,
+) -> c_int {
+    unsafe {
+        flushed!(file);
+        (methods(file).xRead.expect("files are read"))(real(file), buf, amount, offset)
+    }
+}
+
+unsafe extern "C" fn wal_write(
+    file: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amount: c_int,
+    offset: i64,
+) -> c_int {
+    // Fields are reached through the raw pointer, never a reference held
+    // across `flush`, which takes its own.
+    unsafe {
+        let ours = file.cast::<OurFile>();
+        let n = amount.max(0) as usize;
+        let gathered = (*ours).pending.len();
+        let follows = gathered > 0 && offset == (*ours).at + gathered as i64;
+        if !follows || gathered + n > MAX_PENDING {
+            flushed!(file);
+            (*ours).at = offset;
+        }
+        (*ours)
+            .pending
+            .extend_from_slice(std::slice::from_raw_parts(buf.cast::<u8>(), n));
+        ffi::SQLITE_OK
+    }
+}
+
+unsafe extern "C" fn db_write(
+    file: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amount: c_int,
+    offset: i64,
+) -> c_int {
+    unsafe { (methods(file).xWrite.expect("files are written"))(real(file), buf, amount, offset) }
+}
+
+/// `xUnfetch`: a database file keeps its map when SQLite asks to drop all
+/// of it (`p` null) unless the file has shrunk or grown by more than
+/// [`REMAP_GROWTH`] since the map was last dropped; a page given back
+/// (`p` set) goes to the default VFS as always.
+unsafe extern "C" fn db_unfetch(
+    file: *mut ffi::sqlite3_file,
+    offset: i64,
+    p: *mut c_void,
+) -> c_int {
+    unsafe {
+        let unfetch = methods(file).xUnfetch.expect("database files map");
+        if p.is_null() {
+            let mut size = 0;
+            let rc = (methods(file).xFileSize.expect("files have sizes"))(real(file), &mut size);
+            let ours = file.cast::<OurFile>();
+            let mapped = (*ours).mapped_size;
+            if rc == ffi::SQLITE_OK && size >= mapped && size - mapped <= REMAP_GROWTH {
+                return ffi::SQLITE_OK;
+            }
+            (*ours).mapped_size = size;
+        }
+        unfetch(real(file), offset, p)
+    }
+}
+
+unsafe extern "C" fn fetch(
+    file: *mut ffi::sqlite3_file,
+    offset: i64,
+    amount: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    unsafe { (methods(file).xFetch.expect("database files map"))(real(file), offset, amount, out) }
+}
+
+unsafe extern "C" fn shm_map(
+    file: *mut ffi::sqlite3_file,
+    region: c_int,
+    size: c_int,
+    extend: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    unsafe {
+        (methods(file).xShmMap.expect("database files share memory"))(
+            real(file),
+            region,
+            size,
+            extend,
+            out,
+        )
+    }
+}
+
+unsafe extern "C" fn shm_lock(
+    file: *mut ffi::sqlite3_file,
+    offset: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    unsafe {
+        (methods(file).xShmLock.expect("database files share memory"))(real(file), offset, n, flags)
+    }
+}
+
+unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
+    unsafe {
+        (methods(file)
+            .xShmBarrier
+            .expect("database files share memory"))(real(file))
+    }
+}
+
+unsafe extern "C" fn shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
+    unsafe {
+        (methods(file)
+            .xShmUnmap
+            .expect("database files share memory"))(real(file), delete)
+    }
+}
+
+unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
+    unsafe {
+        flushed!(file);
+        (methods(file).xTruncate.expect("files are truncated"))(real(file), size)
+    }
+}
+
+unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    unsafe {
+        flushed!(file);
+        (methods(file).xSync.expect("files are synced"))(real(file), flags)
+    }
+}
+
+unsafe extern "C" fn file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
+    unsafe {
+        flushed!(file);
+        (methods(file).xFileSize.expect("files have sizes"))(real(file), size)
+    }
+}
+
+unsafe extern "C" fn lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    unsafe { (methods(file).xLock.expect("files lock"))(real(file), level) }
+}
+
+unsafe extern "C" fn unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    unsafe { (methods(file).xUnlock.expect("files unlock"))(real(file), level) }
+}
+
+unsafe extern "C" fn check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
+    unsafe { (methods(file).xCheckReservedLock.expect("files check locks"))(real(file), out) }
+}
+
+unsafe extern "C" fn file_control(
+    file: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    unsafe {
+        flushed!(file);
+        (methods(file).xFileControl.expect("files take controls"))(real(file), op, arg)
+    }
+}
+
+unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
+    unsafe { (methods(file).xSectorSize.expect("files have sectors"))(real(file)) }
+}
+
+unsafe extern "C" fn device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
+    unsafe {
+        (methods(file)
+            .xDeviceCharacteristics
+            .expect("files have characteristics"))(real(file))
+    }
+}
+
+/// A WAL's methods: version 1, since a WAL file has no shared memory or
+/// memory map of its own (those belong to the database file).
+static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    iVersion: 1,
+    xClose: Some(close),
+    xRead: Some(read),
+    xWrite: Some(wal_write),
+    xTruncate: Some(truncate),
+    xSync: Some(sync),
+    xFileSize: Some(file_size),
+    xLock: Some(lock),
+    xUnlock: Some(unlock),
+    xCheckReservedLock: Some(check_reserved_lock),
+    xFileControl: Some(file_control),
+    xSectorSize: Some(sector_size),
+    xDeviceCharacteristics: Some(device_characteristics),
+    xShmMap: None,
+    xShmLock: None,
+    xShmBarrier: None,
+    xShmUnmap: None,
+    xFetch: None,
+    xUnfetch: None,
+};
+
+/// A database file's methods: the default VFS's (version 3), with
+/// [`db_unfetch`]. Nothing is ever gathered for a database file, so the
+/// methods shared with the WAL flush nothing here.
+static DB_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    iVersion: 3,
+    xClose: Some(close),
+    xRead: Some(read),
+    xWrite: Some(db_write),
+    xTruncate: Some(truncate),
+    xSync: Some(sync),
+    xFileSize: Some(file_size),
+    xLock: Some(lock),
+    xUnlock: Some(unlock),
+    xCheckReservedLock: Some(check_reserved_lock),
+    xFileControl: Some(file_control),
+    xSectorSize: Some(sector_size),
+    xDeviceCharacteristics: Some(device_characteristics),
+    xShmMap: Some(shm_map),
+    xShmLock: Some(shm_lock),
+    xShmBarrier: Some(shm_barrier),
+    xShmUnmap: Some(shm_unmap),
+    xFetch: Some(fetch),
+    xUnfetch: Some(db_unfetch),
+};
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::{Connection, OpenFlags};
+
+    /// Write system calls made by this thread so far.
+    fn writes_so_far() -> u64 {
+        let io = std::fs::read_to_string("/proc/thread-self/io").expect("Linux task I/O counters");
+        io.lines()
+            .find_map(|l| l.strip_prefix("syscw: "))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("a syscw line")
+    }
+
+    /// Commits 40 transactions of 20 rows scattered over the table, each
+    /// read back at once by a connection of the default VFS; answers the
+    /// write system calls they took.
+    fn commit_scattered(vfs: Option<&std::ffi::CStr>) -> u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.sqlite");
+        let conn = match vfs {
+            Some(name) => {
+                Connection::open_with_flags_and_vfs(&path, OpenFlags::default(), name).unwrap()
+            }
+            None => Connection::open(&path).unwrap(),
+        };
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.pragma_update(None, "synchronous", "FULL").unwrap();
+        conn.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+        conn.execute_batch("CREATE TABLE t (k BLOB PRIMARY KEY, v BLOB) WITHOUT ROWID")
+            .unwrap();
+        // 2,000 rows of 300 bytes first: about 150 leaf pages to scatter over.
+        conn.execute_batch(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 1999)
+             INSERT INTO t SELECT randomblob(16), zeroblob(300) FROM n",
+        )
+        .unwrap();
+        let reader = Connection::open(&path).unwrap();
+        let before = writes_so_far();
+        for round in 0..40i64 {
+            conn.execute_batch("BEGIN").unwrap();
+            for _ in 0..20 {
+                conn.execute("INSERT INTO t VALUES (randomblob(16), zeroblob(300))", [])
+                    .unwrap();
+            }
+            conn.execute(
+                "INSERT INTO t VALUES (?1, zeroblob(1))",
+                [round.to_be_bytes()],
+            )
+            .unwrap();
+            conn.execute_batch("COMMIT").unwrap();
+            let seen: i64 = reader
+                .query_row(
+                    "SELECT count(*) FROM t WHERE k = ?1",
+                    [round.to_be_bytes()],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(seen, 1, "a reader sees commit {round} at once");
+        }
+        let writes = writes_so_far() - before;
+        let count: i64 = reader
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(count, 2000 + 40 * 21);
+        let check: String = reader
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+        writes
+    }
+
+    #[test]
+    fn a_commit_reaches_the_wal_in_one_write() {
+        super::register().unwrap();
+        let plain = commit_scattered(None);
+        let coalesced = commit_scattered(Some(super::NAME));
+        // Plainly, two writes a dirty page (about 20 pages a commit); here
+        // one a commit.
+        assert!(plain >= 40 * 20, "plain: {plain} writes");
+        assert!(coalesced <= 40 * 2, "coalesced: {coalesced} writes");
+    }
+}
+
+#[cfg(test)]
+mod map_tests {
+    use rusqlite::{Connection, OpenFlags};
+
+    /// Minor page faults this thread has taken so far.
+    fn faults_so_far() -> u64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("Linux task stat");
+        // Fields after the command's closing parenthesis: state is the 3rd
+        // field of the line, minflt the 10th.
+        let rest = &stat[stat.rfind(')').expect("a command") + 2..];
+        rest.split(' ')
+            .nth(7)
+            .and_then(|n| n.parse().ok())
+            .expect("minflt")
+    }
+
+    /// Sums every value of `t` in one read transaction.
+    fn read_all(reader: &Connection) -> (i64, i64) {
+        reader
+            .query_row("SELECT count(*), sum(length(v)) FROM t", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap()
+    }
+
+    /// Reads a 3 MiB table through a map after each of five commits by
+    /// another connection; answers the page faults those reads took, and
+    /// checks what each read saw.
+    fn faults_reading_after_commits(vfs: Option<&std::ffi::CStr>) -> u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.sqlite");
+        let writer = Connection::open(&path).unwrap();
+        writer.pragma_update(None, "journal_mode", "WAL").unwrap();
+        writer.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+        writer
+            .execute_batch(
+                "CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB);
+                 WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 2999)
+                 INSERT INTO t SELECT i, zeroblob(1000) FROM n;
+                 PRAGMA wal_checkpoint(TRUNCATE);",
+            )
+            .unwrap();
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let reader = match vfs {
+            Some(name) => Connection::open_with_flags_and_vfs(&path, flags, name).unwrap(),
+            None => Connection::open_with_flags(&path, flags).unwrap(),
+        };
+        reader.pragma_update(None, "mmap_size", 1i64 << 30).unwrap();
+        assert_eq!(read_all(&reader), (3000, 3_000_000));
+        let before = faults_so_far();
+        for round in 1..=5 {
+            writer
+                .execute(
+                    "INSERT INTO t VALUES (?1, zeroblob(1000))",
+                    [10_000 + round],
+                )
+                .unwrap();
+            assert_eq!(read_all(&reader), (3000 + round, (3000 + round) * 1000));
+        }
+        let faults = faults_so_far() - before;
+        // The file grows past the map by more than REMAP_GROWTH, and the
+        // reader sees all of it.
+        writer
+            .execute_batch(
+                "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 11999)
+                 INSERT INTO t SELECT 20000 + i, zeroblob(1000) FROM n;
+                 PRAGMA wal_checkpoint(TRUNCATE);",
+            )
+            .unwrap();
+        assert_eq!(read_all(&reader), (15_005, 15_005_000));
+        writer
+            .execute("DELETE FROM t WHERE k >= 20000", [])
+            .unwrap();
+        writer
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+            .unwrap();
+        assert_eq!(read_all(&reader), (3005, 3_005_000));
+        faults
+    }
+
+    #[test]
+    fn a_reader_keeps_its_map_across_commits() {
+        super::register().unwrap();
+        let dropped = faults_reading_after_commits(None);
+        let kept = faults_reading_after_commits(Some(super::NAME));
+        // About 750 pages of 4 KiB mapped again after each commit with
+        // SQLite's own VFS (a fault maps 16 of them: the kernel's
+        // fault-around); with the map kept, none of them.
+        eprintln!("faults: SQLite's own VFS {dropped}, the store's {kept}");
+        assert!(dropped >= 5 * 30, "SQLite's own VFS: {dropped} faults");
+        assert!(kept <= dropped / 10, "the store's VFS: {kept} faults");
+    }
+}
