@@ -2,15 +2,16 @@
 # Requests/s and p99 of health, an item read, a sorted 25-item listing and /me,
 # at 16 and 200 connections, with wrk against a release build on loopback.
 # Usage: scripts/measure-api.sh [ITEMS]   (needs wrk: apt-get install wrk)
+# BIN=path/to/tarn measures that binary instead of building this checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ITEMS=${1:-2000}
 DUR=${DUR:-10s}
-cargo build --release -p tarn >/dev/null
+if [ -z "${BIN:-}" ]; then cargo build --release -p tarn >/dev/null; BIN=./target/release/tarn; fi
 DIR=$(mktemp -d)
 PORT=$((20000 + RANDOM % 20000))
 API=http://127.0.0.1:$PORT/api/v1
-TARN_ADMIN_PASSWORD=measure-admin RUST_LOG=warn ./target/release/tarn serve --listen 127.0.0.1:$PORT --data "$DIR" >/dev/null &
+TARN_ADMIN_PASSWORD=measure-admin RUST_LOG=warn "$BIN" serve --listen 127.0.0.1:$PORT --data "$DIR" >/dev/null &
 PID=$!
 trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR"' EXIT
 sleep 1

@@ -23,7 +23,11 @@
 //!   The writer's connection hands a commit's WAL frames to the kernel in
 //!   one `pwrite` instead of two a page (`vfs`).
 //! - **Readers** read through a memory map of the database file that they
-//!   keep across commits (`vfs`).
+//!   keep across commits, and take the WAL's locks without a mutex or a
+//!   system call (`vfs`). Every connection of the store uses its VFS; no
+//!   other process may open the database while the store has it open (the
+//!   `LOCK` file below refuses other Tarn processes; a `sqlite3` shell
+//!   would not see the store's readers).
 //! - **Checkpoints** run on their own thread, so neither the writer's
 //!   commits nor the readers wait for them.
 //! - Both queues are bounded: past the bound a write is refused at once
@@ -445,7 +449,9 @@ fn open_reader(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
 }
 
 fn open_checkpointer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connection> {
-    let conn = Connection::open(db)?;
+    // The store's VFS, like every connection of the store: its locks on
+    // shared memory are seen only by connections of the same VFS.
+    let conn = Connection::open_with_flags_and_vfs(db, OpenFlags::default(), vfs::NAME)?;
     configure(&conn, options)?;
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     Ok(conn)
