@@ -12,7 +12,8 @@
 #   TARN_TEST_CASSANDRA       cassandra://127.0.0.1:9042,127.0.0.2:9042,127.0.0.3:9042/tarn_test?replication=3
 #   TARN_TEST_CASSANDRA_CTL   a script: `CTL stop N` kills node N (SIGKILL, as
 #                             a crash), `CTL start N` starts it again and
-#                             waits until it serves CQL, `CTL status` lists.
+#                             waits until it serves CQL, `CTL status` lists,
+#                             `CTL nodetool N ARGS...` runs nodetool on node N.
 #   TARN_TEST_CASSANDRA_DIR   the cluster's directory (logs: nodeN/system.log)
 # TARN_CASSANDRA_KEEP=1 keeps the directory (not the processes) afterwards.
 set -euo pipefail
@@ -103,11 +104,13 @@ EOF
   chmod +x "$NODE/run"
 done
 
+# nodetool's launch line: the server's module flags, a small heap.
+NODETOOL_OPTS=$(grep -E '^--add-(exports|opens)' "$TEMPLATES/jvm.options" | tr '\n' ' ')
 # The control script: start, stop (kill -9) and status of one node.
 cat >"$DIR/ctl" <<EOF
 #!/usr/bin/env bash
 # Controls one node of the test cluster in $DIR.
-#   ctl start N | stop N | status
+#   ctl start N | stop N | status | nodetool N ARGS...
 set -euo pipefail
 DIR="$DIR"
 port_open() { (exec 3<>"/dev/tcp/\$1/\$2") 2>/dev/null; }
@@ -137,7 +140,12 @@ case "\${1:-}" in
       n=\${f%/}; n=\${n##*node}
       if alive "\$n"; then echo "node \$n up pid \$(cat "\$DIR/node\$n/pid")"; else echo "node \$n down"; fi
     done ;;
-  *) echo "usage: \$0 start N | stop N | status" >&2; exit 2 ;;
+  nodetool)
+    n=\$2; shift 2
+    jmx=(0 ${JMX_PORTS[1]} ${JMX_PORTS[2]} ${JMX_PORTS[3]})
+    exec "$JAVA" $NODETOOL_OPTS -Xmx128m -cp "$CACHE/lib/*" org.apache.cassandra.tools.NodeTool \\
+      -h 127.0.0.1 -p "\${jmx[\$n]}" "\$@" ;;
+  *) echo "usage: \$0 start N | stop N | status | nodetool N ARGS..." >&2; exit 2 ;;
 esac
 EOF
 chmod +x "$DIR/ctl"

@@ -322,6 +322,15 @@ impl CassandraStore {
             .await
             .map_err(map_session)?;
         schema::ensure(&session, &target).await?;
+        // Advisory: the store works either way (see `COLUMN_INDEX_BYTES`).
+        match schema::column_index_size(&session).await {
+            Ok(v) => {
+                if let Some(advice) = schema::column_index_advice(v.as_deref()) {
+                    tracing::warn!("cassandra store: {advice}");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cassandra store: cannot read column_index_size"),
+        }
         let st = Statements::prepare(&session, &target.keyspace).await?;
         let inner = Arc::new(Inner {
             session,
@@ -345,6 +354,14 @@ impl CassandraStore {
     /// The sweeper calls this every [`CassandraOptions::sweep_interval`].
     pub async fn roll_forward(&self) -> StoreResult<usize> {
         self.inner.roll_forward().await
+    }
+
+    /// The `column_index_size` setting of the node that answers (`None`:
+    /// unset). Tarn wants at most 4 KiB on every node: a reversed slice
+    /// (a newest-first listing) of a partition without a row index reads
+    /// the whole partition; the store warns at connect when it is larger.
+    pub async fn column_index_size(&self) -> StoreResult<Option<String>> {
+        schema::column_index_size(&self.inner.session).await
     }
 
     /// How many intents (guarded batches not yet completed) exist, up to

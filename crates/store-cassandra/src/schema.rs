@@ -301,6 +301,67 @@ fn serial(mut s: PreparedStatement) -> PreparedStatement {
     s
 }
 
+/// The largest row-index granularity (`column_index_size`) under which a
+/// reversed slice stays cheap. Cassandra indexes the rows of a partition
+/// only past this many bytes, and reads a partition without that index
+/// whole to walk it backwards: with the default (64 KiB for the `big`
+/// sstable format), a newest-first listing of Tarn's index partitions
+/// (rows of about 100 bytes) deserialized every row of each partition it
+/// read, up to about 600, to return 25. At 4 KiB a reversed slice reads
+/// at most one 4 KiB block more than it returns.
+pub(crate) const COLUMN_INDEX_BYTES: u64 = 4 * 1024;
+
+/// The coordinator's `column_index_size` (`None` when unset: Cassandra
+/// then uses its default for the sstable format).
+pub(crate) async fn column_index_size(session: &Session) -> StoreResult<Option<String>> {
+    let mut q = Statement::new("SELECT value FROM system_views.settings WHERE name = ?");
+    q.set_consistency(Consistency::One);
+    let r = session
+        .query_unpaged(q, ("column_index_size",))
+        .await
+        .map_err(map_exec)?;
+    let rows = r
+        .into_rows_result()
+        .map_err(|e| StoreError::Other(format!("expected rows: {e}")))?;
+    let row = rows
+        .maybe_first_row::<(Option<String>,)>()
+        .map_err(|e| StoreError::Other(format!("settings row: {e}")))?;
+    Ok(row.and_then(|(v,)| v))
+}
+
+/// Why a node's `column_index_size` (as [`column_index_size`] reads it)
+/// makes reversed slices expensive, or `None` when it does not: unset
+/// (64 KiB for big sstables) or above [`COLUMN_INDEX_BYTES`].
+pub(crate) fn column_index_advice(value: Option<&str>) -> Option<String> {
+    let bytes = value.and_then(storage_bytes);
+    if bytes.is_some_and(|b| b <= COLUMN_INDEX_BYTES) {
+        return None;
+    }
+    Some(format!(
+        "column_index_size is {}: newest-first listings read whole index partitions; \
+         set `column_index_size: 4KiB` in every node's cassandra.yaml (on a running node: \
+         `nodetool setcolumnindexsize 4`, then `nodetool upgradesstables -a KEYSPACE`)",
+        value.unwrap_or("unset (64KiB for big sstables)")
+    ))
+}
+
+/// Bytes of a Cassandra data storage setting such as `4KiB` or `64 KiB`.
+fn storage_bytes(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let n: u64 = text[..digits].parse().ok()?;
+    let unit: u64 = match text[digits..].trim() {
+        "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(unit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,5 +386,31 @@ mod tests {
             .collect();
         seen.sort();
         assert_eq!(seen, (0..18).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn storage_settings_read_as_bytes() {
+        assert_eq!(storage_bytes("4KiB"), Some(4096));
+        assert_eq!(storage_bytes("64 KiB"), Some(65536));
+        assert_eq!(storage_bytes("1MiB"), Some(1 << 20));
+        assert_eq!(storage_bytes("512B"), Some(512));
+        assert_eq!(storage_bytes("4kb"), None);
+        assert_eq!(storage_bytes("KiB"), None);
+        assert_eq!(storage_bytes("99999999999999999999GiB"), None);
+    }
+
+    #[test]
+    fn a_coarse_or_unset_row_index_is_advised_against() {
+        assert!(column_index_advice(Some("4KiB")).is_none());
+        assert!(column_index_advice(Some("1KiB")).is_none());
+        let unset = column_index_advice(None).unwrap();
+        assert!(unset.contains("unset"), "{unset}");
+        let coarse = column_index_advice(Some("64KiB")).unwrap();
+        assert!(
+            coarse.contains("64KiB") && coarse.contains("4KiB"),
+            "{coarse}"
+        );
+        assert!(column_index_advice(Some("8KiB")).is_some());
+        assert!(column_index_advice(Some("garbage")).is_some());
     }
 }
