@@ -13,6 +13,9 @@ cargo build --release -p tarn >/dev/null
 OUT=${OUT:-bench-results/nodes}
 mkdir -p "$OUT"
 export STORE=${STORE:-postgres}
+# The runs to make, under a name of its own: with-cassandra.sh sets NODES
+# (the Cassandra cluster's size) for the command it runs.
+export TARN_RUNS=${NODES:-1 2}
 case $STORE in
   postgres) export TARN_PG_DURABLE=1; WITH=scripts/with-postgres.sh ;;
   cassandra) WITH=scripts/with-cassandra.sh ;;
@@ -37,13 +40,13 @@ node() { # schema port
   until curl -sf http://127.0.0.1:$2/api/v1/health >/dev/null; do sleep 0.2; done
 }
 # One node.
-if [ "${NODES:-1 2}" != 2 ]; then
+if [ "$TARN_RUNS" != 2 ]; then
 P1=$(free_port); node one $P1
 ./target/release/tarn bench "$WORKLOAD" --url http://127.0.0.1:$P1 --admin-password bench-admin-password \
   --server-pid ${PIDS[0]} --out "$OUT/$WORKLOAD-$STORE-1node" "$@"
 kill ${PIDS[0]}; PIDS=()
 fi
-[ "${NODES:-1 2}" = 1 ] && exit 0
+[ "$TARN_RUNS" = 1 ] && exit 0
 # Two nodes behind nginx.
 PA=$(free_port); PB=$(free_port); PL=$(free_port)
 node two $PA; node two $PB
