@@ -296,14 +296,17 @@ async fn imports_refuse_bad_records() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_moves_to_cassandra_and_back_to_sqlite() {
-    let source = common::memory();
+async fn a_store_moves_from_sqlite_to_postgres_to_cassandra_and_back_to_sqlite() {
+    let (source, _source_dir) = common::sqlite();
     let (ids, link, linked) = fill(&source).await;
     let before = view(&source, &ids, &link, &linked).await;
+    let pg = common::postgres().await;
+    move_store(&source, &pg).await;
+    assert_eq!(view(&pg, &ids, &link, &linked).await, before);
     let cassandra = common::cassandra().await;
-    move_store(&source, &cassandra).await;
+    move_store(&pg, &cassandra).await;
     assert_eq!(view(&cassandra, &ids, &link, &linked).await, before);
-    let (sqlite, _dir) = common::sqlite();
-    move_store(&cassandra, &sqlite).await;
-    assert_eq!(view(&sqlite, &ids, &link, &linked).await, before);
+    let (back, _back_dir) = common::sqlite();
+    move_store(&cassandra, &back).await;
+    assert_eq!(view(&back, &ids, &link, &linked).await, before);
 }
