@@ -24,10 +24,12 @@
 //!   one `pwrite` instead of two a page (`vfs`).
 //! - **Readers** read through a memory map of the database file that they
 //!   keep across commits, and take the WAL's locks without a mutex or a
-//!   system call (`vfs`). Every connection of the store uses its VFS; no
-//!   other process may open the database while the store has it open (the
-//!   `LOCK` file below refuses other Tarn processes; a `sqlite3` shell
-//!   would not see the store's readers).
+//!   system call (`vfs`). Every connection of the store uses its VFS; while
+//!   the store is open, no other connection may use the database: the
+//!   `LOCK` file below refuses other Tarn processes, and a connection of
+//!   any other VFS (a `sqlite3` shell, a backup tool) finds every lock of
+//!   the WAL held and is answered `SQLITE_BUSY`. Stop the server, or use
+//!   `tarn export`, to read the file.
 //! - **Checkpoints** run on their own thread, so neither the writer's
 //!   commits nor the readers wait for them.
 //! - Both queues are bounded: past the bound a write is refused at once

@@ -1,7 +1,7 @@
 //! The store's VFS: SQLite's default one, with three changes.
 //!
-//! **A commit's appends to the WAL reach the kernel as one `pwrite`**
-//! instead of two a page. SQLite writes each WAL frame as two writes (its
+//! **A commit's appends to the WAL reach the kernel in one `pwrite`** (one
+//! per [`MAX_WRITE`] bytes) instead of two a page. SQLite writes each WAL frame as two writes (its
 //! 24-byte header, then the page), each a system call: a create at 16
 //! connections dirtied about 19 pages, so about 38 `pwrite`s, a third of
 //! the writer thread's time. Here a WAL file gathers writes that continue
@@ -11,8 +11,12 @@
 //! truncation, a file control, closing, or a write elsewhere. Readers never
 //! see a frame still in the buffer: other connections learn of new frames
 //! only from the WAL index, which the writer updates after the commit's
-//! sync (`synchronous=FULL`, set by `open_writer`), and the sync empties
-//! the buffer first.
+//! sync, and the sync empties the buffer first. That needs the WAL synced
+//! at every commit: a database file of this VFS refuses
+//! `PRAGMA synchronous` below `FULL` (and `open_writer` sets `FULL`). A
+//! write of gathered bytes that fails answers `SQLITE_IOERR_WRITE`, which
+//! makes SQLite roll the whole transaction back: frames it believed
+//! written are never left out of a commit.
 //!
 //! **A reader keeps its memory map of the database across commits.** A
 //! read transaction that finds any new commit asks the file to drop its
@@ -23,19 +27,27 @@
 //! database file do not change under a map while a reader needs them (a
 //! checkpoint writes back only frames no reader's snapshot predates, and
 //! the kernel's page cache keeps a shared map and `pwrite` coherent), so
-//! the map is kept: it is dropped only when the file has shrunk (nothing
-//! here shrinks it: no `VACUUM`, no auto-vacuum; but never risk a read past
-//! its end) or grown by more than [`REMAP_GROWTH`], and pages past the
-//! mapped end are read with `pread` until then.
+//! the map is kept: it is dropped only when the file is found smaller than
+//! when the map was last dropped, or grown by more than [`REMAP_GROWTH`]
+//! (unless the map is already at SQLite's cap, [`MAP_CAP`]), and pages past
+//! the mapped end are read with `pread` until then. Nothing here ever
+//! shrinks the file (no `VACUUM`, no auto-vacuum, and a checkpoint truncates
+//! it only to its page count, which never falls), so a map never reaches
+//! past its end.
 //!
 //! **The WAL's locks are counts in this process** ([`ShmLocks`]), taken
-//! without a mutex or a system call.
+//! without a mutex or a system call. Connections of any other VFS, in this
+//! process or another (a `sqlite3` shell, a backup tool), could not see
+//! them: so the first connection of the store to map the shared memory
+//! also takes every one of those locks exclusively through the default
+//! VFS, and keeps them, and such a connection is answered `SQLITE_BUSY`
+//! instead of reading or writing beside the store.
 //!
 //! Every other file (journals, shared memory) is the default VFS's own.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use rusqlite::ffi;
@@ -45,6 +57,11 @@ pub(crate) const NAME: &CStr = c"tarn";
 
 /// The most bytes gathered before they are written anyway.
 const MAX_PENDING: usize = 4 << 20;
+
+/// SQLite's largest memory map (`SQLITE_MAX_MMAP_SIZE`, compiled in): a
+/// file past it is never mapped further, so its growth is no reason to
+/// remap.
+const MAP_CAP: i64 = 0x7fff_0000;
 
 /// The most bytes one write hands the default VFS: its `unixWrite` writes
 /// only the low 17 bits of a length (`seekAndWriteFd`), and answers
@@ -75,6 +92,8 @@ struct OurFile {
     locks: Option<Arc<ShmLocks>>,
     shared_mask: u32,
     excl_mask: u32,
+    /// Whether this connection holds [`ShmLocks::guarded`]'s locks.
+    guards: bool,
 }
 
 /// The shared-memory locks of one database (the WAL's write, checkpoint
@@ -93,6 +112,9 @@ struct OurFile {
 /// the default VFS's `fcntl` locks.
 struct ShmLocks {
     slots: [AtomicI32; NLOCKS],
+    /// Whether a connection holds the default VFS's locks (all of them,
+    /// exclusively) for the store's connections, against everyone else's.
+    guarded: AtomicBool,
 }
 
 const NLOCKS: usize = ffi::SQLITE_SHM_NLOCK as usize;
@@ -115,6 +137,7 @@ fn locks_of(path: &[u8]) -> Arc<ShmLocks> {
     }
     let locks = Arc::new(ShmLocks {
         slots: std::array::from_fn(|_| AtomicI32::new(0)),
+        guarded: AtomicBool::new(false),
     });
     all.push((path.to_vec(), Arc::downgrade(&locks)));
     locks
@@ -222,6 +245,7 @@ unsafe extern "C" fn open(
                 locks,
                 shared_mask: 0,
                 excl_mask: 0,
+                guards: false,
             },
         );
         ffi::SQLITE_OK
@@ -230,7 +254,11 @@ unsafe extern "C" fn open(
 
 /// Hands a WAL's gathered bytes to the kernel, in writes of at most
 /// [`MAX_WRITE`] bytes (a database file never has any). On failure they
-/// are dropped: the commit that wrote them fails, and SQLite writes those
+/// are dropped and the answer is `SQLITE_IOERR_WRITE`, whatever the
+/// write's own error (`SQLITE_FULL` included): an I/O error always rolls
+/// the whole transaction back, where `SQLITE_FULL` met by a read (a flush
+/// before it) might undo only one statement and let frames the WAL index
+/// already counts be committed unwritten. Later transactions write those
 /// frames again.
 ///
 /// # Safety
@@ -244,6 +272,7 @@ unsafe fn flush(file: *mut ffi::sqlite3_file) -> c_int {
         for piece in ours.pending.chunks(MAX_WRITE) {
             rc = write(real(file), piece.as_ptr().cast(), piece.len() as c_int, at);
             if rc != ffi::SQLITE_OK {
+                rc = ffi::SQLITE_IOERR_WRITE;
                 break;
             }
             at += piece.len() as i64;
@@ -338,7 +367,10 @@ unsafe extern "C" fn db_unfetch(
             let rc = (methods(file).xFileSize.expect("files have sizes"))(real(file), &mut size);
             let ours = file.cast::<OurFile>();
             let mapped = (*ours).mapped_size;
-            if rc == ffi::SQLITE_OK && size >= mapped && size - mapped <= REMAP_GROWTH {
+            if rc == ffi::SQLITE_OK
+                && size >= mapped
+                && (size - mapped <= REMAP_GROWTH || mapped >= MAP_CAP)
+            {
                 return ffi::SQLITE_OK;
             }
             (*ours).mapped_size = size;
@@ -364,13 +396,38 @@ unsafe extern "C" fn shm_map(
     out: *mut *mut c_void,
 ) -> c_int {
     unsafe {
-        (methods(file).xShmMap.expect("database files share memory"))(
+        let rc = (methods(file).xShmMap.expect("database files share memory"))(
             real(file),
             region,
             size,
             extend,
             out,
-        )
+        );
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        let ours = file.cast::<OurFile>();
+        let Some(locks) = (*ours).locks.as_deref() else {
+            return ffi::SQLITE_IOERR_SHMMAP;
+        };
+        if !(*ours).guards && !locks.guarded.swap(true, Ordering::SeqCst) {
+            // The first connection to map takes the default VFS's locks,
+            // all of them: any other VFS's connection, here or in another
+            // process, then finds every lock held.
+            let lock = methods(file).xShmLock.expect("database files lock memory");
+            let rc = lock(
+                real(file),
+                0,
+                NLOCKS as c_int,
+                ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE,
+            );
+            if rc != ffi::SQLITE_OK {
+                locks.guarded.store(false, Ordering::SeqCst);
+                return rc;
+            }
+            (*ours).guards = true;
+        }
+        ffi::SQLITE_OK
     }
 }
 
@@ -384,7 +441,7 @@ unsafe extern "C" fn shm_lock(
 ) -> c_int {
     unsafe {
         let ours = file.cast::<OurFile>();
-        let Some(locks) = (*ours).locks.clone() else {
+        let Some(locks) = (*ours).locks.as_deref() else {
             return ffi::SQLITE_IOERR_SHMLOCK;
         };
         if offset < 0 || n < 1 || (offset + n) as usize > NLOCKS {
@@ -442,13 +499,27 @@ unsafe extern "C" fn shm_lock(
     }
 }
 
-/// Gives back every shared-memory lock the connection still holds.
+/// Gives back every shared-memory lock the connection still holds, and
+/// the default VFS's locks if it holds them (unmapping gives them back).
 ///
 /// # Safety
 /// `file` is an open `OurFile`.
 unsafe fn release_all(file: *mut ffi::sqlite3_file) {
     unsafe {
         let ours = file.cast::<OurFile>();
+        if (*ours).guards {
+            (*ours).guards = false;
+            let lock = methods(file).xShmLock.expect("database files lock memory");
+            lock(
+                real(file),
+                0,
+                NLOCKS as c_int,
+                ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE,
+            );
+            if let Some(locks) = (*ours).locks.as_deref() {
+                locks.guarded.store(false, Ordering::SeqCst);
+            }
+        }
         if (*ours).locks.is_some() && ((*ours).shared_mask | (*ours).excl_mask) != 0 {
             shm_lock(
                 file,
@@ -515,8 +586,33 @@ unsafe extern "C" fn file_control(
 ) -> c_int {
     unsafe {
         flushed!(file);
+        if op == ffi::SQLITE_FCNTL_PRAGMA && !arg.is_null() {
+            // azArg: [0] the error to answer, [1] the pragma, [2] its value.
+            let args = arg.cast::<*mut std::ffi::c_char>();
+            let (name, value) = (*args.add(1), *args.add(2));
+            if !name.is_null()
+                && !value.is_null()
+                && CStr::from_ptr(name)
+                    .to_bytes()
+                    .eq_ignore_ascii_case(b"synchronous")
+                && !syncs_every_commit(CStr::from_ptr(value).to_bytes())
+            {
+                *args = ffi::sqlite3_mprintf(
+                    c"the store's VFS needs synchronous=FULL or EXTRA (the WAL synced at every commit)"
+                        .as_ptr(),
+                );
+                return ffi::SQLITE_ERROR;
+            }
+        }
         (methods(file).xFileControl.expect("files take controls"))(real(file), op, arg)
     }
+}
+
+/// Whether a `synchronous` setting syncs the WAL at every commit.
+fn syncs_every_commit(value: &[u8]) -> bool {
+    [b"full".as_slice(), b"extra", b"2", b"3"]
+        .iter()
+        .any(|v| value.eq_ignore_ascii_case(v))
 }
 
 unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
@@ -616,7 +712,13 @@ mod tests {
              INSERT INTO t SELECT randomblob(16), zeroblob(300) FROM n",
         )
         .unwrap();
-        let reader = Connection::open(&path).unwrap();
+        // The reader on the same VFS: the store's VFS refuses others.
+        let reader = match vfs {
+            Some(name) => {
+                Connection::open_with_flags_and_vfs(&path, OpenFlags::default(), name).unwrap()
+            }
+            None => Connection::open(&path).unwrap(),
+        };
         let before = writes_so_far();
         for round in 0..40i64 {
             conn.execute_batch("BEGIN").unwrap();
@@ -694,7 +796,12 @@ mod map_tests {
     fn faults_reading_after_commits(vfs: Option<&std::ffi::CStr>) -> u64 {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.sqlite");
-        let writer = Connection::open(&path).unwrap();
+        let writer = match vfs {
+            Some(name) => {
+                Connection::open_with_flags_and_vfs(&path, OpenFlags::default(), name).unwrap()
+            }
+            None => Connection::open(&path).unwrap(),
+        };
         writer.pragma_update(None, "journal_mode", "WAL").unwrap();
         writer.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
         writer
@@ -816,5 +923,51 @@ mod lock_tests {
             .execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES (3, 'x'); COMMIT")
             .unwrap();
         assert_eq!(count(&reader), 3);
+    }
+
+    /// A connection of another VFS (SQLite's own, as a `sqlite3` shell or a
+    /// backup tool would open the file) cannot read or write beside the
+    /// store's connections, whose locks it could not see: it is refused.
+    #[test]
+    fn another_vfs_is_refused_beside_the_store() {
+        super::register().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.sqlite");
+        let ours = open(&path);
+        ours.pragma_update(None, "journal_mode", "WAL").unwrap();
+        ours.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY); INSERT INTO t VALUES (1);")
+            .unwrap();
+        let theirs = Connection::open(&path).unwrap();
+        theirs.busy_timeout(std::time::Duration::ZERO).unwrap();
+        let read = theirs.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0));
+        assert!(read.is_err(), "another VFS read beside the store: {read:?}");
+        let wrote = theirs.execute("INSERT INTO t VALUES (2)", []);
+        assert!(wrote.is_err(), "another VFS wrote beside the store");
+        // Once the store's connections are closed, the file is anyone's.
+        drop(ours);
+        let n: i64 = theirs
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+
+    /// The WAL must be synced at every commit (readers learn of frames the
+    /// VFS may still hold only after that sync): lower settings are refused.
+    #[test]
+    fn synchronous_below_full_is_refused() {
+        super::register().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open(&dir.path().join("t.sqlite"));
+        for refused in ["OFF", "normal", "0", "1"] {
+            let r = conn.pragma_update(None, "synchronous", refused);
+            assert!(r.is_err(), "synchronous={refused} was taken");
+        }
+        for taken in ["FULL", "extra", "2"] {
+            conn.pragma_update(None, "synchronous", taken).unwrap();
+        }
+        let now: i64 = conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap();
+        assert_eq!(now, 2);
     }
 }

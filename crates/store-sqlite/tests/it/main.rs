@@ -297,6 +297,17 @@ async fn a_write_failing_halfway_undoes_only_itself() {
     );
 }
 
+/// A read-only connection to the database of an open store in `dir`, on
+/// the store's VFS (the store refuses connections of any other beside it).
+fn peek(dir: &std::path::Path) -> rusqlite::Connection {
+    rusqlite::Connection::open_with_flags_and_vfs(
+        dir.join("tarn.sqlite"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        "tarn",
+    )
+    .unwrap()
+}
+
 /// Large values live in `big`, out of the `rows` b-tree, so that no descent
 /// of `rows` reads them; they go when their row is replaced or deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,7 +327,7 @@ async fn large_values_are_kept_out_of_the_rows_tree() {
     s.write(put(key(2), big(900, 2))).await.unwrap();
     s.write(put(key(3), big(2000, 3))).await.unwrap();
     s.write(put(key(4), b"small".to_vec())).await.unwrap();
-    let db = || rusqlite::Connection::open(dir.path().join("tarn.sqlite")).unwrap();
+    let db = || peek(dir.path());
     let count = |sql: &str| -> i64 { db().query_row(sql, [], |r| r.get(0)).unwrap() };
     assert_eq!(
         count("SELECT count(*) FROM big"),
@@ -404,7 +415,7 @@ async fn a_store_from_before_big_values_still_reads() {
     s.write(b).await.unwrap();
     let row = read().await;
     assert_eq!((row.value, row.version), (vec![8u8; 50_000], 8));
-    let db = rusqlite::Connection::open(dir.path().join("tarn.sqlite")).unwrap();
+    let db = peek(dir.path());
     let (inline, apart): (i64, i64) = db
         .query_row("SELECT length(value), big IS NOT NULL FROM rows", [], |r| {
             Ok((r.get(0)?, r.get(1)?))
@@ -426,7 +437,7 @@ async fn large_feed_entries_are_kept_apart_and_trimmed() {
         b.append(feed, value);
         s.write(b).await.unwrap();
     }
-    let db = rusqlite::Connection::open(dir.path().join("tarn.sqlite")).unwrap();
+    let db = peek(dir.path());
     let count = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap() };
     assert_eq!(count("SELECT count(*) FROM big"), 2);
     assert!(
