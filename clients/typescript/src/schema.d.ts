@@ -2131,8 +2131,13 @@ export interface operations {
     };
     deleteItem: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description A link key of this item */
+                key?: string;
+            };
             header?: {
+                /** @description A link key of this item, instead of ?key= */
+                "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any */
                 "If-Match"?: string;
             };
@@ -2323,8 +2328,13 @@ export interface operations {
     };
     setAcl: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description A link key of this item */
+                key?: string;
+            };
             header?: {
+                /** @description A link key of this item, instead of ?key= */
+                "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any */
                 "If-Match"?: string;
             };
@@ -2633,8 +2643,14 @@ export interface operations {
     };
     createLink: {
         parameters: {
-            query?: never;
-            header?: never;
+            query?: {
+                /** @description A link key of this item */
+                key?: string;
+            };
+            header?: {
+                /** @description A link key of this item, instead of ?key= */
+                "Tarn-Link-Key"?: string;
+            };
             path: {
                 /** @description The item's id. */
                 id: components["schemas"]["Id"];
@@ -2734,8 +2750,14 @@ export interface operations {
     };
     deleteLink: {
         parameters: {
-            query?: never;
-            header?: never;
+            query?: {
+                /** @description A link key of this item */
+                key?: string;
+            };
+            header?: {
+                /** @description A link key of this item, instead of ?key= */
+                "Tarn-Link-Key"?: string;
+            };
             path: {
                 /** @description The item's id. */
                 id: components["schemas"]["Id"];

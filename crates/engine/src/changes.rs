@@ -260,6 +260,15 @@ fn view(entry: &FeedEntry, row: &ChangeRow, actor: &Actor, kind: Option<&str>) -
     if !was && !is {
         return None;
     }
+    // A remove carries the last version the caller could read, the one
+    // before the write: a write that leaves the item in place (an unshare)
+    // made it one higher and a delete did not, so the entry's own version
+    // would tell the two apart, which a remove never does.
+    let version = if !is && item.is_some() {
+        version.saturating_sub(1)
+    } else {
+        *version
+    };
     let item = if is {
         item.as_ref().map(|i| {
             let role = if actor.admin {
@@ -284,7 +293,7 @@ fn view(entry: &FeedEntry, row: &ChangeRow, actor: &Actor, kind: Option<&str>) -
         },
         id: id.clone(),
         kind: item_kind.clone(),
-        version: *version,
+        version,
         at: row.at,
         item,
     })

@@ -387,11 +387,14 @@ impl Engine {
         .await
     }
 
-    /// Replaces the ACL (managers). It must keep a manager.
+    /// Replaces the ACL (managers). It must keep a manager. `link` is a
+    /// link key presented with the request: it makes the item readable, so
+    /// its holder is refused (forbidden), not told the item is not there.
     pub async fn set_acl(
         &self,
         caller: &Caller,
         id: &str,
+        link: Option<&str>,
         acl: Vec<Grant>,
         if_match: Option<u64>,
     ) -> Result<ItemView> {
@@ -411,7 +414,7 @@ impl Engine {
                 .read_item_for(
                     &mut snap,
                     caller,
-                    ItemWant::write(id, None),
+                    ItemWant::write(id, link),
                     &grant_keys,
                     &[],
                 )
@@ -440,10 +443,12 @@ impl Engine {
 
     /// Deletes an item (managers) with its index rows and links; its body's
     /// bytes stay for downloads in progress and go after a grace period.
+    /// `link`: as for [`Engine::set_acl`].
     pub async fn delete_item(
         &self,
         caller: &Caller,
         id: &str,
+        link: Option<&str>,
         if_match: Option<u64>,
     ) -> Result<()> {
         let links = Scan::partition(ITEMS, id.as_bytes().to_vec(), MAX_LINKS + 1).bounds(
@@ -456,7 +461,7 @@ impl Engine {
                 .read_item_for(
                     &mut snap,
                     caller,
-                    ItemWant::write(id, None),
+                    ItemWant::write(id, link),
                     &[],
                     std::slice::from_ref(&links),
                 )
@@ -480,8 +485,15 @@ impl Engine {
     }
 
     /// Makes a link key giving `role` (viewer or editor) on the item
-    /// (managers). The key is shown once; only its hash is stored.
-    pub async fn create_link(&self, caller: &Caller, id: &str, role: Role) -> Result<String> {
+    /// (managers). The key is shown once; only its hash is stored. `link`:
+    /// a key presented with the request, as for [`Engine::set_acl`].
+    pub async fn create_link(
+        &self,
+        caller: &Caller,
+        id: &str,
+        link: Option<&str>,
+        role: Role,
+    ) -> Result<String> {
         if role == Role::Manager {
             return Err(EngineError::InvalidInput(
                 "a link gives viewer or editor, never manager".into(),
@@ -498,7 +510,7 @@ impl Engine {
                 .read_item_for(
                     &mut snap,
                     caller,
-                    ItemWant::read(id, None),
+                    ItemWant::read(id, link),
                     &[],
                     std::slice::from_ref(&links),
                 )
@@ -521,8 +533,15 @@ impl Engine {
         Ok(key)
     }
 
-    /// Removes a link key (managers).
-    pub async fn delete_link(&self, caller: &Caller, id: &str, key: &str) -> Result<()> {
+    /// Removes the link key `key` (managers). `link`: a key presented with
+    /// the request, as for [`Engine::set_acl`].
+    pub async fn delete_link(
+        &self,
+        caller: &Caller,
+        id: &str,
+        link: Option<&str>,
+        key: &str,
+    ) -> Result<()> {
         let Some(k) = link_row(id, Some(key)) else {
             return Err(EngineError::NotFound("no such link".into()));
         };
@@ -532,7 +551,7 @@ impl Engine {
                 .read_item_for(
                     &mut snap,
                     caller,
-                    ItemWant::read(id, None),
+                    ItemWant::read(id, link),
                     std::slice::from_ref(&k),
                     &[],
                 )

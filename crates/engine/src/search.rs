@@ -107,7 +107,7 @@ impl Default for SearchQuery {
             where_: Vec::new(),
             all: true,
             prefix: false,
-            limit: 20,
+            limit: 50,
             cursor: None,
         }
     }

@@ -170,9 +170,11 @@ async fn race(e: Engine, seed: u64) {
                             principal: Principal::User("owner".into()),
                             role: Role::Manager,
                         });
-                        e.set_acl(&owner, &pick, acl, None).await.map(|_| None)
+                        e.set_acl(&owner, &pick, None, acl, None)
+                            .await
+                            .map(|_| None)
                     }
-                    _ => e.delete_item(&owner, &pick, None).await.map(|_| None),
+                    _ => e.delete_item(&owner, &pick, None, None).await.map(|_| None),
                 };
                 match r {
                     Ok(Some(id)) => ids.lock().await.push(id),
@@ -418,7 +420,7 @@ async fn a_redeclared_index_starts_empty_of_old_rows() {
     common::wait_ready(&e, "r").await;
     e.drop_index(&admin(), "r").await.unwrap();
     for id in &ids[..10] {
-        e.delete_item(&owner, id, None).await.unwrap();
+        e.delete_item(&owner, id, None, None).await.unwrap();
     }
     for _ in 0..500 {
         if e.get_index(&admin(), "r").await.is_err() {

@@ -182,7 +182,7 @@ async fn every_store_failure_is_unavailable() {
             e.patch_item(&session, &id, None, &json!({"a": 1}), None)
                 .await,
         );
-        unavailable("delete", m, e.delete_item(&session, &id, None).await);
+        unavailable("delete", m, e.delete_item(&session, &id, None, None).await);
         unavailable(
             "add member",
             m,

@@ -356,6 +356,7 @@ async fn apply(engine: &Engine, model: &mut Model, op: &Op) {
                 .set_acl(
                     &caller(Some(*by)),
                     &model.items[i].id,
+                    None,
                     to_grants(grants),
                     None,
                 )
@@ -375,7 +376,7 @@ async fn apply(engine: &Engine, model: &mut Model, op: &Op) {
             let i = item % model.items.len();
             let want = item_outcome(model, *by, &model.items[i], Role::Manager);
             let r = engine
-                .delete_item(&caller(Some(*by)), &model.items[i].id, None)
+                .delete_item(&caller(Some(*by)), &model.items[i].id, None, None)
                 .await;
             assert_eq!(outcome(&r), want, "{op:?}: {r:?}");
             if want == Outcome::Ok {
@@ -389,7 +390,7 @@ async fn apply(engine: &Engine, model: &mut Model, op: &Op) {
             let i = item % model.items.len();
             let want = item_outcome(model, *by, &model.items[i], Role::Manager);
             let r = engine
-                .create_link(&caller(Some(*by)), &model.items[i].id, *role)
+                .create_link(&caller(Some(*by)), &model.items[i].id, None, *role)
                 .await;
             assert_eq!(outcome(&r), want, "{op:?}: {r:?}");
             if let Ok(key) = r {

@@ -81,6 +81,7 @@ async fn an_item_keeps_a_manager() {
         .set_acl(
             &alice,
             &item.item.id,
+            None,
             vec![grant("user:alice", Role::Editor)],
             None,
         )
@@ -114,17 +115,18 @@ async fn wrong_roles_are_refused() {
             .map(drop),
     );
     forbidden(
-        e.set_acl(&bob, id, vec![grant("user:bob", Role::Manager)], None)
+        e.set_acl(&bob, id, None, vec![grant("user:bob", Role::Manager)], None)
             .await
             .map(drop),
     );
-    forbidden(e.delete_item(&bob, id, None).await);
-    forbidden(e.create_link(&bob, id, Role::Viewer).await.map(drop));
+    forbidden(e.delete_item(&bob, id, None, None).await);
+    forbidden(e.create_link(&bob, id, None, Role::Viewer).await.map(drop));
     forbidden(e.begin_body(&bob, id, None, "text/plain").await.map(drop));
     // An editor may edit but not share or delete.
     e.set_acl(
         &alice,
         id,
+        None,
         vec![
             grant("user:alice", Role::Manager),
             grant("user:bob", Role::Editor),
@@ -136,13 +138,13 @@ async fn wrong_roles_are_refused() {
     e.patch_item(&bob, id, None, &json!({"x": 1}), None)
         .await
         .unwrap();
-    forbidden(e.delete_item(&bob, id, None).await);
+    forbidden(e.delete_item(&bob, id, None, None).await);
     // Strangers and anonymous callers learn nothing.
     let carol = sign_up(&e, "carol").await;
     for who in [carol, Caller::Anonymous] {
         let r = e.get_item(&who, id, None).await;
         assert!(matches!(r, Err(EngineError::NotFound(_))), "{r:?}");
-        let r = e.delete_item(&who, id, None).await;
+        let r = e.delete_item(&who, id, None, None).await;
         assert!(matches!(r, Err(EngineError::NotFound(_))), "{r:?}");
     }
     // Anonymous callers cannot create.
@@ -151,7 +153,7 @@ async fn wrong_roles_are_refused() {
         .await;
     assert!(matches!(r, Err(EngineError::Unauthenticated(_))), "{r:?}");
     // A link never gives manager.
-    let r = e.create_link(&alice, id, Role::Manager).await;
+    let r = e.create_link(&alice, id, None, Role::Manager).await;
     assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
 }
 
@@ -186,6 +188,7 @@ async fn stale_versions_are_refused() {
         .set_acl(
             &alice,
             id,
+            None,
             vec![grant("user:alice", Role::Manager)],
             Some(1),
         )
@@ -194,12 +197,12 @@ async fn stale_versions_are_refused() {
         matches!(r, Err(EngineError::VersionMismatch { .. })),
         "{r:?}"
     );
-    let r = e.delete_item(&alice, id, Some(7)).await;
+    let r = e.delete_item(&alice, id, None, Some(7)).await;
     assert!(
         matches!(r, Err(EngineError::VersionMismatch { .. })),
         "{r:?}"
     );
-    e.delete_item(&alice, id, Some(2)).await.unwrap();
+    e.delete_item(&alice, id, None, Some(2)).await.unwrap();
 }
 
 #[tokio::test]

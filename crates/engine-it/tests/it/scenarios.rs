@@ -242,7 +242,7 @@ async fn bodies_stream_in_and_out_with_ranges() {
     e.sweep_from(0).await.unwrap();
     assert_eq!(store.len(), with_item + 1);
     // Deleting the item removes everything it had, its body at the sweep.
-    e.delete_item(&alice, &id, None).await.unwrap();
+    e.delete_item(&alice, &id, None, None).await.unwrap();
     e.sweep_from(0).await.unwrap();
     // All but the stamp row the kind bucket's first create wrote.
     assert_eq!(store.len(), before_item + 1);
@@ -349,7 +349,7 @@ async fn downloads_in_progress_survive_replace_and_delete() {
     let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
     up.write(b"new").await.unwrap();
     up.finish(None).await.unwrap();
-    e.delete_item(&alice, &id, None).await.unwrap();
+    e.delete_item(&alice, &id, None, None).await.unwrap();
     e.sweep_from(0).await.unwrap();
     while let Some(c) = reader.next_chunk().await.unwrap() {
         got.extend_from_slice(&c);

@@ -389,6 +389,7 @@ async fn search_respects_sharing_and_sees_every_change() {
     e.set_acl(
         &ann,
         &mine,
+        None,
         vec![
             Grant {
                 principal: Principal::User("ann".into()),
@@ -404,7 +405,7 @@ async fn search_respects_sharing_and_sees_every_change() {
     .await
     .unwrap();
     assert_eq!(ids(&e, &bob, q("secret")).await, vec![mine.clone()]);
-    e.delete_item(&ann, &mine, None).await.unwrap();
+    e.delete_item(&ann, &mine, None, None).await.unwrap();
     assert!(ids(&e, &bob, q("secret")).await.is_empty());
     assert!(ids(&e, &ann, q("secret")).await.is_empty());
     // Links never make an item appear.
@@ -414,7 +415,9 @@ async fn search_respects_sharing_and_sees_every_change() {
         .unwrap()
         .item
         .id;
-    e.create_link(&ann, &linked, Role::Viewer).await.unwrap();
+    e.create_link(&ann, &linked, None, Role::Viewer)
+        .await
+        .unwrap();
     assert!(ids(&e, &bob, q("linked")).await.is_empty());
 }
 
@@ -708,6 +711,7 @@ async fn run_model(e: Engine, ops: Vec<Op>) {
                 e.set_acl(
                     &common::user(&format!("u{}", d.by)),
                     &d.id,
+                    None,
                     grants(d.by, share),
                     None,
                 )
@@ -721,7 +725,7 @@ async fn run_model(e: Engine, ops: Vec<Op>) {
                 if d.gone {
                     continue;
                 }
-                e.delete_item(&common::user(&format!("u{}", d.by)), &d.id, None)
+                e.delete_item(&common::user(&format!("u{}", d.by)), &d.id, None, None)
                     .await
                     .unwrap();
                 d.gone = true;

@@ -196,8 +196,11 @@ async fn fill(e: &Engine) -> (Vec<String>, String, String) {
         .unwrap();
     up.write(&body).await.unwrap();
     up.finish(None).await.unwrap();
-    let link = e.create_link(&ann, &ids[0], Role::Viewer).await.unwrap();
-    e.delete_item(&ann, &ids[11], None).await.unwrap();
+    let link = e
+        .create_link(&ann, &ids[0], None, Role::Viewer)
+        .await
+        .unwrap();
+    e.delete_item(&ann, &ids[11], None, None).await.unwrap();
     let linked = ids[0].clone();
     (ids, link, linked)
 }

@@ -135,7 +135,7 @@ pub async fn patch(
 #[utoipa::path(
     delete, path = "/api/v1/items/{id}", tag = "items", operation_id = "deleteItem",
     security((), ("bearer" = [])),
-    params(ItemPath, IfMatch),
+    params(ItemPath, LinkKey, IfMatch),
     responses(
         (status = 204, description = "Gone"),
         BadRequest, Unauthorized, Forbidden, NotFound, PreconditionFailed, ServiceUnavailable,
@@ -144,10 +144,13 @@ pub async fn patch(
 pub async fn delete(
     State(s): State<AppState>,
     auth: Auth,
+    LinkKey(key): LinkKey,
     IfMatch(if_match): IfMatch,
     Path(ItemPath { id }): Path<ItemPath>,
 ) -> ApiResult<StatusCode> {
-    s.engine.delete_item(&auth.caller, &id, if_match).await?;
+    s.engine
+        .delete_item(&auth.caller, &id, key.as_deref(), if_match)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -155,7 +158,7 @@ pub async fn delete(
 #[utoipa::path(
     put, path = "/api/v1/items/{id}/acl", tag = "items", operation_id = "setAcl",
     security((), ("bearer" = [])),
-    params(ItemPath, IfMatch),
+    params(ItemPath, LinkKey, IfMatch),
     request_body = json::Acl,
     responses(
         (status = 200, description = "The item, shared anew", body = json::Item, headers(
@@ -168,6 +171,7 @@ pub async fn delete(
 pub async fn set_acl(
     State(s): State<AppState>,
     auth: Auth,
+    LinkKey(key): LinkKey,
     IfMatch(if_match): IfMatch,
     Path(ItemPath { id }): Path<ItemPath>,
     JsonBody(body): JsonBody<json::Acl>,
@@ -181,7 +185,10 @@ pub async fn set_acl(
         )));
     }
     let acl = body.acl.into_iter().map(Into::into).collect();
-    let view = s.engine.set_acl(&auth.caller, &id, acl, if_match).await?;
+    let view = s
+        .engine
+        .set_acl(&auth.caller, &id, key.as_deref(), acl, if_match)
+        .await?;
     Ok(item_response(StatusCode::OK, &view))
 }
 
@@ -189,7 +196,7 @@ pub async fn set_acl(
 #[utoipa::path(
     post, path = "/api/v1/items/{id}/links", tag = "items", operation_id = "createLink",
     security((), ("bearer" = [])),
-    params(ItemPath),
+    params(ItemPath, LinkKey),
     request_body = json::NewLink,
     responses(
         (status = 201, description = "The key, shown once", body = json::Link, links(
@@ -207,12 +214,13 @@ pub async fn set_acl(
 pub async fn create_link(
     State(s): State<AppState>,
     auth: Auth,
+    LinkKey(presented): LinkKey,
     Path(ItemPath { id }): Path<ItemPath>,
     JsonBody(body): JsonBody<json::NewLink>,
 ) -> ApiResult<Response> {
     let key = s
         .engine
-        .create_link(&auth.caller, &id, body.role.into())
+        .create_link(&auth.caller, &id, presented.as_deref(), body.role.into())
         .await?;
     Ok(reply(
         StatusCode::CREATED,
@@ -239,7 +247,7 @@ pub struct LinkPath {
 #[utoipa::path(
     delete, path = "/api/v1/items/{id}/links/{key}", tag = "items", operation_id = "deleteLink",
     security((), ("bearer" = [])),
-    params(LinkPath),
+    params(LinkPath, LinkKey),
     responses(
         (status = 204, description = "The key no longer works"),
         BadRequest, Unauthorized, Forbidden, NotFound, ServiceUnavailable,
@@ -248,9 +256,12 @@ pub struct LinkPath {
 pub async fn delete_link(
     State(s): State<AppState>,
     auth: Auth,
+    LinkKey(presented): LinkKey,
     Path(LinkPath { id, key }): Path<LinkPath>,
 ) -> ApiResult<StatusCode> {
-    s.engine.delete_link(&auth.caller, &id, &key).await?;
+    s.engine
+        .delete_link(&auth.caller, &id, presented.as_deref(), &key)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

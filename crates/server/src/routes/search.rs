@@ -47,7 +47,7 @@ pub struct SearchParams {
     #[param(default = false)]
     prefix: Option<bool>,
     /// Page size.
-    #[param(minimum = 1, maximum = 1000, default = 20)]
+    #[param(minimum = 1, maximum = 1000, default = 50)]
     limit: Option<u32>,
     /// The `next` of the previous page.
     #[param(value_type = Cursor, required = false)]
@@ -149,7 +149,7 @@ pub async fn search(
         where_: params.where_,
         all: !matches!(params.match_, Some(Match::Any)),
         prefix: params.prefix.unwrap_or(false),
-        limit: params.limit.map_or(20, |n| n as usize),
+        limit: params.limit.map_or(50, |n| n as usize),
         cursor: params.cursor,
     };
     let page = s.engine.search(&auth.caller, &q).await?;

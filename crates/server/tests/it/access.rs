@@ -26,6 +26,7 @@ enum Op {
     GetBody,
     SetAcl,
     MakeLink,
+    DeleteLink,
     Delete,
     Listed,
 }
@@ -40,13 +41,14 @@ const ROLES: [Role; 8] = [
     Role::EditLink,
     Role::Admin,
 ];
-const OPS: [Op; 8] = [
+const OPS: [Op; 9] = [
     Op::Read,
     Op::Patch,
     Op::PutBody,
     Op::GetBody,
     Op::SetAcl,
     Op::MakeLink,
+    Op::DeleteLink,
     Op::Delete,
     Op::Listed,
 ];
@@ -63,16 +65,18 @@ fn expected(role: Role, op: Op) -> u16 {
         (Editor, Read | GetBody | Listed | Patch | PutBody) => 200,
         (Editor, _) => 403,
         (Manager, MakeLink) => 201,
-        (Manager, Delete) => 204,
+        (Manager, Delete | DeleteLink) => 204,
         (Manager, _) => 200,
         // Links work on the item's own routes, never in listings, and never
-        // reach sharing, links or deletion.
+        // reach sharing, links or deletion: the key makes the item readable,
+        // so what its role does not allow is forbidden, not absent.
         (ViewLink, Read | GetBody) => 200,
         (ViewLink, Patch | PutBody) => 403,
         (EditLink, Read | GetBody | Patch | PutBody) => 200,
-        (ViewLink | EditLink, _) => 404,
+        (ViewLink | EditLink, Listed) => 404,
+        (ViewLink | EditLink, _) => 403,
         (Admin, MakeLink) => 201,
-        (Admin, Delete) => 204,
+        (Admin, Delete | DeleteLink) => 204,
         (Admin, Listed) => 404,
         (Admin, _) => 200,
     }
@@ -183,7 +187,7 @@ async fn perform(w: &World, role: Role, token: Option<&str>, op: Op) -> Reply {
     let (id, view_key, edit_key) = fresh_item(w).await;
     let key = match role {
         Role::ViewLink => Some(view_key),
-        Role::EditLink => Some(edit_key),
+        Role::EditLink => Some(edit_key.clone()),
         _ => None,
     };
     let q = key.map(|k| format!("?key={k}")).unwrap_or_default();
@@ -221,6 +225,16 @@ async fn perform(w: &World, role: Role, token: Option<&str>, op: Op) -> Reply {
                 &format!("{item}/links{q}"),
                 token,
                 Some(json!({"role": "viewer"})),
+            )
+            .await
+        }
+        Op::DeleteLink => {
+            // The editor key goes; a view key holder presents their own.
+            app.call(
+                Method::DELETE,
+                &format!("{item}/links/{edit_key}{q}"),
+                token,
+                None,
             )
             .await
         }

@@ -73,6 +73,30 @@ async fn search_over_http() {
     assert_eq!(count("q=green%20nothing&kind=doc&match=any", &ann).await, 2);
     assert_eq!(count("q=green%20nothing&kind=doc&match=all", &ann).await, 0);
     assert_eq!(count("q=green", &ann).await, 2, "without a kind");
+    // The default page is api.md's 50, like every other limit.
+    for n in 0..51 {
+        app.item(
+            &ann,
+            "doc",
+            json!({"title": format!("pages {n}")}),
+            json!([]),
+        )
+        .await;
+    }
+    assert_eq!(count("q=pages&kind=doc", &ann).await, 50);
+    let r = app
+        .get("/api/v1/search?q=pages&kind=doc", Some(&ann))
+        .await
+        .expect(200);
+    let next = r.json()["next"].as_str().unwrap().to_string();
+    let r = app
+        .get(
+            &format!("/api/v1/search?q=pages&kind=doc&cursor={next}"),
+            Some(&ann),
+        )
+        .await
+        .expect(200);
+    assert_eq!(r.json()["items"].as_array().unwrap().len(), 1);
     // Refusals, all problems, never a 5xx.
     for bad in [
         "/api/v1/search?kind=doc",
