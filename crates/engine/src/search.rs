@@ -24,7 +24,10 @@
 //! prefix (search-as-you-type) is expanded to the terms that start with it
 //! by a few bounded reads of the caller's own partitions of its first two
 //! characters, each skipping past the rows of the last term it saw — never
-//! a scan across partitions.
+//! a scan across partitions. A word typed past its stem ("brewi", on its
+//! way to "brewing", whose term is "brew") also matches the terms it
+//! starts with, a few characters shorter
+//! ([`Analyzer::stems_typed_past`]): exact reads of the same partitions.
 //!
 //! Bounds: a query has at most [`MAX_WORDS`] words and [`MAX_QUERY`] bytes;
 //! a prefix expands to at most [`MAX_EXPANSION`] terms; one search looks at
@@ -533,6 +536,7 @@ impl Engine {
             if q.prefix && i + 1 == query_words.len() && w.chars().count() >= 2 {
                 let e = self.expand(snap, &partitions(w), w).await?;
                 terms.extend(e.terms.iter().cloned());
+                terms.extend(analyzer.stems_typed_past(w));
                 expansion = Some(e);
             }
             let mut unique = Vec::new();

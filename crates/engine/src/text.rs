@@ -16,6 +16,9 @@ use unicode_segmentation::UnicodeSegmentation;
 /// Longest term kept, in bytes; longer words are cut (at a character
 /// boundary).
 pub const MAX_TERM: usize = 64;
+/// Most characters a stem is shorter than a word typed on its way to a
+/// word with that stem ("generalizat" of "generalization", term "general").
+pub const STEM_CUT: usize = 4;
 
 /// The languages a text index may name, and `none` for no stemming.
 pub const LANGUAGES: &[&str] = &[
@@ -108,6 +111,24 @@ impl Analyzer {
         }
     }
 
+    /// The terms a stemmed word may have whose surface starts with the
+    /// folded `typed` but whose term is shorter than it: its prefixes of
+    /// [`STEM_CUT`] or fewer characters less, and never under three
+    /// characters (the partition of a term is its first two). None without
+    /// a stemmer, where a term is its word.
+    pub fn stems_typed_past(&self, typed: &str) -> Vec<String> {
+        if self.stemmer.is_none() {
+            return Vec::new();
+        }
+        let ends: Vec<usize> = typed.char_indices().map(|(i, _)| i).skip(1).collect();
+        let shortest = ends.len().saturating_sub(STEM_CUT).max(2);
+        ends.get(shortest..)
+            .unwrap_or_default()
+            .iter()
+            .map(|end| typed[..*end].to_string())
+            .collect()
+    }
+
     /// The terms of a text, in order.
     pub fn terms<'a>(&'a self, text: &'a str) -> impl Iterator<Item = String> + 'a {
         words(text).map(|w| self.term(&w))
@@ -133,6 +154,21 @@ pub fn word_counts(text: &str, keep: usize) -> (Vec<(String, u32)>, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_word_typed_past_its_stem_reaches_it() {
+        let en = Analyzer::new("english");
+        assert_eq!(en.stems_typed_past("brewi"), ["bre", "brew"]);
+        assert!(en.stems_typed_past("brewin").contains(&en.term("brewing")));
+        let typed = "generalizat";
+        assert!(en
+            .stems_typed_past(typed)
+            .contains(&en.term("generalization")));
+        assert_eq!(en.stems_typed_past("caf\u{e9}s"), ["caf", "caf\u{e9}"]);
+        assert!(en.stems_typed_past("br").is_empty());
+        assert!(en.stems_typed_past("bre").is_empty());
+        assert!(Analyzer::new("none").stems_typed_past("brewi").is_empty());
+    }
 
     #[test]
     fn folding_and_stemming() {

@@ -70,6 +70,12 @@ async fn search_over_http() {
     assert_eq!(count("q=BREWED&kind=doc", &bob).await, 1);
     assert_eq!(count("q=gree&kind=doc&prefix=true", &bob).await, 1);
     assert_eq!(count("q=gree&kind=doc", &bob).await, 0);
+    // Typed past the stem: "brewin" is on its way to "brewing" ("brew").
+    for typed in ["br", "bre", "brew", "brewi", "brewin", "brewing"] {
+        let q = format!("q={typed}&kind=doc&prefix=true");
+        assert_eq!(count(&q, &bob).await, 1, "{typed}");
+    }
+    assert_eq!(count("q=brewin&kind=doc", &bob).await, 0);
     assert_eq!(count("q=green%20nothing&kind=doc&match=any", &ann).await, 2);
     assert_eq!(count("q=green%20nothing&kind=doc&match=all", &ann).await, 0);
     assert_eq!(count("q=green", &ann).await, 2, "without a kind");
