@@ -2138,7 +2138,7 @@ export interface operations {
             header?: {
                 /** @description A link key of this item, instead of ?key= */
                 "Tarn-Link-Key"?: string;
-                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any */
+                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a weak tag (`W/"3"`) never matches (412) */
                 "If-Match"?: string;
             };
             path: {
@@ -2223,7 +2223,7 @@ export interface operations {
             header?: {
                 /** @description A link key of this item, instead of ?key= */
                 "Tarn-Link-Key"?: string;
-                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any */
+                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a weak tag (`W/"3"`) never matches (412) */
                 "If-Match"?: string;
             };
             path: {
@@ -2335,7 +2335,7 @@ export interface operations {
             header?: {
                 /** @description A link key of this item, instead of ?key= */
                 "Tarn-Link-Key"?: string;
-                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any */
+                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a weak tag (`W/"3"`) never matches (412) */
                 "If-Match"?: string;
             };
             path: {
@@ -2446,8 +2446,10 @@ export interface operations {
             header?: {
                 /** @description A link key of this item, instead of ?key= */
                 "Tarn-Link-Key"?: string;
-                /** @description One byte range: `bytes=a-b`, `bytes=a-` or `bytes=-n` answers 206; several ranges or another unit answer the whole body; a range past the end answers 416 */
+                /** @description One byte range: `bytes=a-b`, `bytes=a-` or `bytes=-n` answers 206; several ranges, another unit or a header that is no valid range answer the whole body; a range past the end answers 416 */
                 Range?: string;
+                /** @description Serve the `Range` only if the body is still at this ETag (`"3"`); anything else answers the whole current body (200) */
+                "If-Range"?: string;
             };
             path: {
                 /** @description The item's id. */
@@ -2547,7 +2549,7 @@ export interface operations {
             header?: {
                 /** @description A link key of this item, instead of ?key= */
                 "Tarn-Link-Key"?: string;
-                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any */
+                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a weak tag (`W/"3"`) never matches (412) */
                 "If-Match"?: string;
             };
             path: {

@@ -320,6 +320,9 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
         if v == "*" {
             return Ok(IfMatch(None));
         }
+        // If-Match compares strongly (RFC 9110, 13.1.1): a weak tag never
+        // matches, whatever its version.
+        let weak = v.starts_with("W/");
         let tag = v.strip_prefix("W/").unwrap_or(v);
         // A bare version (`3`) is taken as the ETag `"3"`.
         let version = match tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
@@ -331,7 +334,14 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
         {
             return Err(bad());
         }
-        version.parse().map(|n| IfMatch(Some(n))).map_err(|_| bad())
+        let version: u64 = version.parse().map_err(|_| bad())?;
+        if weak {
+            return Err(ApiError::new(
+                Code::VersionMismatch,
+                format!("W/\"{version}\" is a weak ETag, and If-Match compares strongly: send \"{version}\""),
+            ));
+        }
+        Ok(IfMatch(Some(version)))
     }
 }
 
@@ -342,7 +352,7 @@ impl IntoParams for IfMatch {
             .parameter_in(ParameterIn::Header)
             .required(Required::False)
             .description(Some(
-                "Change only if the item is at this version: its ETag (`\"3\"`), or the bare version (`3`); `*` means any",
+                "Change only if the item is at this version: its ETag (`\"3\"`), or the bare version (`3`); `*` means any; a weak tag (`W/\"3\"`) never matches (412)",
             ))
             .schema(Some(
                 ObjectBuilder::new()
@@ -558,7 +568,7 @@ mod tests {
     #[tokio::test]
     async fn if_match_takes_an_etag_a_bare_version_or_a_star() {
         assert_eq!(if_match("\"3\"").await, Ok(Some(3)));
-        assert_eq!(if_match("W/\"3\"").await, Ok(Some(3)));
+        assert_eq!(if_match("W/\"3\"").await, Err(412), "weak tags never match");
         assert_eq!(if_match("3").await, Ok(Some(3)));
         assert_eq!(if_match("*").await, Ok(None));
         for bad in [

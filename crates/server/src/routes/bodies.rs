@@ -84,22 +84,40 @@ pub async fn put(
     Ok(item_response(StatusCode::OK, &view))
 }
 
-/// Parses one `bytes=` range against a size; `Ok(None)` means serve it all
-/// (no header, or a form we do not serve such as several ranges).
-fn parse_range(headers: &HeaderMap, size: u64) -> Result<Option<BodyRange>, ()> {
+/// Parses one `bytes=` range against a size (RFC 9110, 14.2); `Ok(None)`
+/// means serve it all: no header, a form we do not serve (several ranges,
+/// another unit), a header that is not a valid range (ignored, as the RFC
+/// says), or an `If-Range` that is not this version's strong ETag `etag`.
+/// `Err` means the range is valid but outside the body (416).
+fn parse_range(headers: &HeaderMap, size: u64, etag: &str) -> Result<Option<BodyRange>, ()> {
     let Some(v) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) else {
         return Ok(None);
     };
+    if let Some(tag) = headers.get(header::IF_RANGE) {
+        // A date, a weak tag or another version: the whole current body.
+        if tag.as_bytes() != etag.as_bytes() {
+            return Ok(None);
+        }
+    }
     let Some(spec) = v.trim().strip_prefix("bytes=") else {
         return Ok(None);
     };
     if spec.contains(',') {
         return Ok(None);
     }
-    let (a, b) = spec.split_once('-').ok_or(())?;
-    let (a, b) = (a.trim(), b.trim());
-    let range = if a.is_empty() {
-        let n: u64 = b.parse().map_err(|_| ())?;
+    let Some((a, b)) = spec.split_once('-') else {
+        return Ok(None);
+    };
+    // Digits only; past u64 a position is as good as the largest.
+    let number = |s: &str| -> Option<u64> {
+        let s = s.trim();
+        (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| s.parse().unwrap_or(u64::MAX))
+    };
+    let range = if a.trim().is_empty() {
+        let Some(n) = number(b) else {
+            return Ok(None);
+        };
         if n == 0 {
             return Err(());
         }
@@ -108,15 +126,16 @@ fn parse_range(headers: &HeaderMap, size: u64) -> Result<Option<BodyRange>, ()> 
             end: size,
         }
     } else {
-        let start: u64 = a.parse().map_err(|_| ())?;
-        let end = if b.is_empty() {
+        let Some(start) = number(a) else {
+            return Ok(None);
+        };
+        let end = if b.trim().is_empty() {
             size
         } else {
-            let last: u64 = b.parse().map_err(|_| ())?;
-            if last < start {
-                return Err(());
+            match number(b) {
+                Some(last) if last >= start => last.saturating_add(1).min(size),
+                _ => return Ok(None),
             }
-            last.saturating_add(1).min(size)
         };
         BodyRange { start, end }
     };
@@ -126,7 +145,7 @@ fn parse_range(headers: &HeaderMap, size: u64) -> Result<Option<BodyRange>, ()> 
     Ok(Some(range))
 }
 
-/// `Range: bytes=a-b`, `bytes=a-` or `bytes=-n`, documented.
+/// `Range: bytes=a-b`, `bytes=a-` or `bytes=-n`, and `If-Range`, documented.
 pub struct RangeHeader;
 
 impl IntoParams for RangeHeader {
@@ -136,7 +155,16 @@ impl IntoParams for RangeHeader {
             .parameter_in(ParameterIn::Header)
             .required(Required::False)
             .description(Some(
-                "One byte range: `bytes=a-b`, `bytes=a-` or `bytes=-n` answers 206; several ranges or another unit answer the whole body; a range past the end answers 416",
+                "One byte range: `bytes=a-b`, `bytes=a-` or `bytes=-n` answers 206; several ranges, another unit or a header that is no valid range answer the whole body; a range past the end answers 416",
+            ))
+            .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+            .build(),
+        ParameterBuilder::new()
+            .name("If-Range")
+            .parameter_in(ParameterIn::Header)
+            .required(Required::False)
+            .description(Some(
+                "Serve the `Range` only if the body is still at this ETag (`\"3\"`); anything else answers the whole current body (200)",
             ))
             .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
             .build()]
@@ -177,7 +205,7 @@ pub async fn get(
         return Err(ApiError::not_found("the item has no body"));
     };
     let etag = HeaderValue::from_str(&format!("\"{}\"", view.item.version)).expect("digits");
-    let range = match parse_range(&headers, meta.size) {
+    let range = match parse_range(&headers, meta.size, etag.to_str().expect("digits")) {
         Ok(r) => r,
         Err(()) => {
             let mut e = ApiError::new(
@@ -274,9 +302,16 @@ mod tests {
     use super::*;
 
     fn range(v: &str, size: u64) -> Result<Option<(u64, u64)>, ()> {
+        ranged(v, None, size)
+    }
+
+    fn ranged(v: &str, if_range: Option<&str>, size: u64) -> Result<Option<(u64, u64)>, ()> {
         let mut h = HeaderMap::new();
         h.insert(header::RANGE, HeaderValue::from_str(v).unwrap());
-        parse_range(&h, size).map(|r| r.map(|r| (r.start, r.end)))
+        if let Some(t) = if_range {
+            h.insert(header::IF_RANGE, HeaderValue::from_str(t).unwrap());
+        }
+        parse_range(&h, size, "\"7\"").map(|r| r.map(|r| (r.start, r.end)))
     }
 
     #[test]
@@ -289,13 +324,33 @@ mod tests {
         assert_eq!(range("bytes=0-1,3-4", 10), Ok(None));
         assert_eq!(range("items=0-1", 10), Ok(None));
         assert_eq!(range("bytes=10-", 10), Err(()));
-        assert_eq!(range("bytes=5-2", 10), Err(()));
-        assert_eq!(range("bytes=x-2", 10), Err(()));
         assert_eq!(range("bytes=-0", 10), Err(()));
-        // Regression: a last byte of u64::MAX overflowed.
+        // Not a valid range: ignored, the whole body.
+        for invalid in [
+            "bytes=5-2",
+            "bytes=x-2",
+            "bytes=1",
+            "bytes=-",
+            "bytes=+1-2",
+            "bytes=1-x",
+        ] {
+            assert_eq!(range(invalid, 10), Ok(None), "{invalid}");
+        }
+        // Regression: a last byte of u64::MAX overflowed; past it, clamped.
         assert_eq!(range("bytes=0-18446744073709551615", 11), Ok(Some((0, 11))));
+        assert_eq!(range("bytes=0-18446744073709551616", 11), Ok(Some((0, 11))));
         assert_eq!(range("bytes=18446744073709551615-", 11), Err(()));
+        assert_eq!(range("bytes=99999999999999999999-", 11), Err(()));
         assert_eq!(range("bytes=-18446744073709551615", 11), Ok(Some((0, 11))));
+        assert_eq!(range("bytes=-99999999999999999999", 11), Ok(Some((0, 11))));
+    }
+
+    #[test]
+    fn if_range_serves_the_range_only_of_this_version() {
+        assert_eq!(ranged("bytes=2-3", Some("\"7\""), 10), Ok(Some((2, 4))));
+        for other in ["\"6\"", "W/\"7\"", "Tue, 24 Nov 2026 08:00:00 GMT", "7"] {
+            assert_eq!(ranged("bytes=2-3", Some(other), 10), Ok(None), "{other}");
+        }
     }
 
     #[test]

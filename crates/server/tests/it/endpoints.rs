@@ -469,6 +469,9 @@ async fn items_crud_with_etags() {
     let stale = patch("\"1\"", json!({"x": 1})).await.expect(412);
     assert_eq!(stale.json()["type"], "version-mismatch");
     patch("nonsense", json!({"x": 1})).await.expect(400);
+    // If-Match compares strongly: the current version, weak, never matches.
+    let weak = patch("W/\"2\"", json!({"x": 1})).await.expect(412);
+    assert_eq!(weak.json()["type"], "version-mismatch");
     patch("*", json!({"x": 1})).await.expect(200);
     let r = app
         .call(
@@ -720,6 +723,30 @@ async fn bodies_with_ranges() {
         .await
         .expect(416);
     assert_eq!(r.header("content-range"), Some("bytes */300000"));
+    // If-Range: the range of this version only; else the whole body.
+    let ranged = |if_range: &'static str, range: &'static str| {
+        let (app, body_path) = (&app, &body_path);
+        async move {
+            app.call_with(
+                Method::GET,
+                body_path,
+                None,
+                None,
+                &[("range", range), ("if-range", if_range)],
+            )
+            .await
+        }
+    };
+    ranged("\"2\"", "bytes=0-9").await.expect(206);
+    for stale in ["\"1\"", "W/\"2\"", "Tue, 24 Nov 2026 08:00:00 GMT"] {
+        let r = ranged(stale, "bytes=0-9").await.expect(200);
+        assert_eq!(r.bytes.len(), 300_000, "{stale}");
+    }
+    // A last byte past u64 is the end; a range that is no range, ignored.
+    let r = ranged("\"2\"", "bytes=299990-18446744073709551616").await;
+    assert_eq!(r.expect(206).bytes, &data[299_990..]);
+    let r = ranged("\"2\"", "bytes=9-2").await.expect(200);
+    assert_eq!(r.bytes.len(), 300_000);
     let r = app
         .put_body(Some(&alice), &body_path, b"v2".to_vec(), "text/plain")
         .await
