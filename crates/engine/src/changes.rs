@@ -41,7 +41,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::actor::Actor;
 use crate::error::{EngineError, Result};
 use crate::schema::{self, META};
-use crate::{b64, unb64, Caller, Engine, Item, ItemView, Principal, Role};
+use crate::{seal, unseal, Caller, Engine, Item, ItemView, Principal, Role};
 
 /// The feed every change goes to.
 pub(crate) const CHANGES: Table = Table::new("changes");
@@ -171,13 +171,13 @@ pub enum Event {
     Resync,
 }
 
-const CURSOR_VERSION: u8 = 1;
+const CURSOR_VERSION: u8 = 2;
 
 fn encode_cursor(store: &[u8]) -> String {
     let mut c = Vec::with_capacity(store.len() + 1);
     c.push(CURSOR_VERSION);
     c.extend_from_slice(store);
-    b64(&c)
+    seal(&c)
 }
 
 /// The store's cursor inside an API cursor; malformed ones are refused.
@@ -186,7 +186,7 @@ pub(crate) fn decode_cursor(c: &str) -> Result<Vec<u8>> {
     if c.is_empty() || c.len() > 128 {
         return Err(bad());
     }
-    let raw = unb64(c).ok_or_else(bad)?;
+    let raw = unseal(c).ok_or_else(bad)?;
     match raw.split_first() {
         Some((&CURSOR_VERSION, rest)) if !rest.is_empty() => Ok(rest.to_vec()),
         _ => Err(bad()),

@@ -19,7 +19,7 @@ use crate::changes::Delta;
 use crate::error::{EngineError, Result};
 use crate::model::check_name;
 use crate::schema::{self, MEMBERS, MEMBERSHIPS, THROTTLE};
-use crate::{b64, unb64, Caller, Engine, Group, Principal};
+use crate::{seal, unseal, Caller, Engine, Group, Principal};
 
 /// Most groups nested below one group that a nesting change examines.
 const MAX_NESTED_BELOW: usize = 1000;
@@ -430,7 +430,7 @@ impl Engine {
         let lower = match cursor {
             None => Bound::Unbounded,
             Some(c) => Bound::Excluded(
-                unb64(c)
+                unseal(c)
                     .filter(|c| !c.is_empty() && c.len() <= 200)
                     .ok_or_else(|| EngineError::InvalidInput("bad cursor".into()))?,
             ),
@@ -458,7 +458,7 @@ impl Engine {
         }
         Ok(MemberPage {
             members,
-            next: if more { last.map(|l| b64(&l)) } else { None },
+            next: if more { last.map(|l| seal(&l)) } else { None },
         })
     }
 

@@ -428,6 +428,28 @@ pub(crate) fn unb64(s: &str) -> Option<Vec<u8>> {
         .ok()
 }
 
+/// An opaque cursor: `bytes` and four bytes of their hash, so that a cursor
+/// cut short or altered by hand is refused instead of read as another place.
+/// (Not a secret: a cursor grants nothing; it only says where a page ends.)
+pub(crate) fn seal(bytes: &[u8]) -> String {
+    let mut c = Vec::with_capacity(bytes.len() + SEAL);
+    c.extend_from_slice(bytes);
+    c.extend_from_slice(&sha256(bytes)[..SEAL]);
+    b64(&c)
+}
+
+/// The bytes of a [`seal`]ed cursor; `None` when it is not one, whole.
+pub(crate) fn unseal(cursor: &str) -> Option<Vec<u8>> {
+    let mut c = unb64(cursor)?;
+    let at = c.len().checked_sub(SEAL)?;
+    (sha256(&c[..at])[..SEAL] == c[at..]).then(|| {
+        c.truncate(at);
+        c
+    })
+}
+
+const SEAL: usize = 4;
+
 pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
     use sha2::Digest;
     sha2::Sha256::digest(bytes).into()

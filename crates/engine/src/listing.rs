@@ -32,7 +32,7 @@ use crate::error::{EngineError, Result};
 use crate::indexes::{is_shared, IndexDef, IndexState, SortField, SHARED};
 use crate::keys::Order;
 use crate::schema::{self, ItemRow, INDEX};
-use crate::{b64, unb64, Caller, Engine, ItemView, Principal, Role};
+use crate::{seal, unseal, Caller, Engine, ItemView, Principal, Role};
 
 /// Largest page.
 pub const MAX_LIMIT: usize = 1000;
@@ -106,19 +106,19 @@ struct Plan {
     where_values: Vec<Value>,
 }
 
-const CURSOR_VERSION: u8 = 1;
+const CURSOR_VERSION: u8 = 2;
 
 fn encode_cursor(index: &str, direction: Direction, last: &[u8]) -> String {
     let mut c = vec![CURSOR_VERSION, (direction == Direction::Reverse) as u8];
     c.push(index.len() as u8);
     c.extend_from_slice(index.as_bytes());
     c.extend_from_slice(last);
-    b64(&c)
+    seal(&c)
 }
 
 fn decode_cursor(cursor: &str, index: &str, direction: Direction) -> Result<Vec<u8>> {
     let bad = || EngineError::InvalidInput("the cursor does not belong to this listing".into());
-    let c = unb64(cursor).ok_or_else(bad)?;
+    let c = unseal(cursor).ok_or_else(bad)?;
     if c.len() < 3 || c[0] != CURSOR_VERSION || c[1] != (direction == Direction::Reverse) as u8 {
         return Err(bad());
     }
@@ -810,5 +810,13 @@ mod tests {
         assert!(decode_cursor(&c, "other", Direction::Forward).is_err());
         assert!(decode_cursor(&c, "idx", Direction::Reverse).is_err());
         assert!(decode_cursor("!!", "idx", Direction::Forward).is_err());
+        // Cut short or altered anywhere: refused, never read as a place.
+        for n in 0..c.len() {
+            assert!(decode_cursor(&c[..n], "idx", Direction::Forward).is_err());
+            let mut altered = c.clone().into_bytes();
+            altered[n] = if altered[n] == b'A' { b'B' } else { b'A' };
+            let altered = String::from_utf8(altered).unwrap();
+            assert!(decode_cursor(&altered, "idx", Direction::Forward).is_err());
+        }
     }
 }

@@ -49,7 +49,7 @@ use crate::keys::{decode_str, encode_str, encoded_prefix, successor};
 use crate::listing::{Merge, Step};
 use crate::schema::{self, ItemRow, INDEX};
 use crate::text::{words, Analyzer};
-use crate::{b64, unb64, Caller, Engine, Item, ItemView, Principal, Role};
+use crate::{seal, unseal, Caller, Engine, Item, ItemView, Principal, Role};
 
 /// The forward rows: every term of an item with its impact.
 pub(crate) const FORWARD: Table = Table::new("txt_fwd");
@@ -310,13 +310,13 @@ impl Ord for Place {
     }
 }
 
-const CURSOR_VERSION: u8 = 1;
+const CURSOR_VERSION: u8 = 2;
 
 fn encode_cursor(p: &Place) -> String {
     let mut c = vec![CURSOR_VERSION];
     c.extend_from_slice(&p.score.to_be_bytes());
     c.extend_from_slice(p.id.as_bytes());
-    b64(&c)
+    seal(&c)
 }
 
 fn decode_cursor(c: &str) -> Result<Place> {
@@ -324,7 +324,7 @@ fn decode_cursor(c: &str) -> Result<Place> {
     if c.len() > 200 {
         return Err(bad());
     }
-    let raw = unb64(c).ok_or_else(bad)?;
+    let raw = unseal(c).ok_or_else(bad)?;
     if raw.len() < 10 || raw[0] != CURSOR_VERSION {
         return Err(bad());
     }

@@ -821,10 +821,17 @@ async fn listings_indexes_and_cursors() {
     .json();
     assert_eq!(names(&p2), vec![ids[2].clone(), ids[3].clone()]);
     assert_eq!(p2["next"], Value::Null);
-    // A cursor from another listing is refused.
+    // A cursor from another listing is refused, and so is one cut short.
     list(format!("kind=user-home&limit=2&cursor={cursor}"), None)
         .await
         .expect(400);
+    let cut = &cursor[..cursor.len() - 3];
+    list(
+        format!("kind=user-home&limit=2&sort=modifiedAt&cursor={cut}"),
+        None,
+    )
+    .await
+    .expect(400);
     // No index for the sort: names the index to declare.
     let r = list("kind=user-home&sort=public.profile.lastName".into(), None)
         .await
