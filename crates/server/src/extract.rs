@@ -529,19 +529,52 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
                 "a JSON body is at most {limit} bytes"
             )));
         }
-        let bytes = axum::body::to_bytes(req.into_body(), limit)
-            .await
-            .map_err(|e| {
-                let inner = e.into_inner();
-                if inner.is::<http_body_util::LengthLimitError>() {
-                    ApiError::too_large(format!("a JSON body is at most {limit} bytes"))
-                } else {
-                    ApiError::invalid(format!("the request body could not be read: {inner}"))
-                }
-            })?;
+        let mut body = BodyPieces::new(req, state);
+        let mut bytes = Vec::with_capacity(declared.unwrap_or(0));
+        while let Some(piece) = body.next().await? {
+            if bytes.len() + piece.len() > limit {
+                return Err(ApiError::too_large(format!(
+                    "a JSON body is at most {limit} bytes"
+                )));
+            }
+            bytes.extend_from_slice(&piece);
+        }
         serde_json::from_slice(&bytes)
             .map(JsonBody)
             .map_err(|e| ApiError::invalid(format!("malformed JSON: {e}")))
+    }
+}
+
+/// A request body's pieces as they arrive, each awaited at most the
+/// server's `body_idle`: a client that stops sending is refused.
+pub struct BodyPieces {
+    stream: axum::body::BodyDataStream,
+    idle: std::time::Duration,
+}
+
+impl BodyPieces {
+    /// The pieces of `req`'s body.
+    pub fn new(req: Request, state: &AppState) -> BodyPieces {
+        BodyPieces {
+            stream: req.into_body().into_data_stream(),
+            idle: state.config.body_idle,
+        }
+    }
+
+    /// The next piece; `None` at the end.
+    pub async fn next(&mut self) -> ApiResult<Option<axum::body::Bytes>> {
+        use futures_util::StreamExt;
+        match tokio::time::timeout(self.idle, self.stream.next()).await {
+            Err(_) => Err(ApiError::invalid(format!(
+                "the request body stalled: no bytes for {} s",
+                self.idle.as_secs_f64()
+            ))),
+            Ok(None) => Ok(None),
+            Ok(Some(Ok(piece))) => Ok(Some(piece)),
+            Ok(Some(Err(e))) => Err(ApiError::invalid(format!(
+                "the request body broke off: {e}"
+            ))),
+        }
     }
 }
 

@@ -44,6 +44,10 @@ pub struct ServerConfig {
     pub max_json: usize,
     /// Proxies whose `X-Forwarded-For` names the client (none by default).
     pub trusted_proxies: Vec<extract::Cidr>,
+    /// Longest wait for the next bytes of a request body (JSON or an
+    /// upload): a client that stops sending is answered `400` and its
+    /// connection freed, instead of holding it open forever.
+    pub body_idle: std::time::Duration,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +56,7 @@ impl Default for ServerConfig {
             signup_open: true,
             max_json: 1024 * 1024,
             trusted_proxies: Vec::new(),
+            body_idle: std::time::Duration::from_secs(30),
         }
     }
 }

@@ -141,7 +141,7 @@ struct ServeArgs {
     #[arg(long, env = "TARN_SIGNUP")]
     signup: Option<Signup>,
     /// A TOML file with any of: listen, data, store, signup, grace_seconds,
-    /// max_json_bytes, session_ttl_hours, max_properties_bytes,
+    /// max_json_bytes, body_idle_seconds, session_ttl_hours, max_properties_bytes,
     /// max_body_bytes, trusted_proxies, feed_retention_hours, max_streams,
     /// max_streams_per_user, groups_per_hour, upload_share, app_indexes. Flags and
     /// environment win over it.
@@ -153,6 +153,10 @@ struct ServeArgs {
     /// Largest JSON request body in bytes [default: 1048576].
     #[arg(long, env = "TARN_MAX_JSON_BYTES")]
     max_json_bytes: Option<usize>,
+    /// Longest wait for the next bytes of a request body; a client that
+    /// stops sending is answered 400 [default: 30].
+    #[arg(long, env = "TARN_BODY_IDLE_SECONDS")]
+    body_idle_seconds: Option<u64>,
     /// How long a session lasts, in hours [default: 720].
     #[arg(long, env = "TARN_SESSION_TTL_HOURS")]
     session_ttl_hours: Option<u64>,
@@ -203,6 +207,7 @@ struct FileConfig {
     signup: Option<Signup>,
     grace_seconds: Option<u64>,
     max_json_bytes: Option<usize>,
+    body_idle_seconds: Option<u64>,
     session_ttl_hours: Option<u64>,
     max_properties_bytes: Option<usize>,
     max_body_bytes: Option<u64>,
@@ -388,6 +393,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .max_json_bytes
             .or(file.max_json_bytes)
             .unwrap_or(1024 * 1024),
+        body_idle: Duration::from_secs(
+            args.body_idle_seconds
+                .or(file.body_idle_seconds)
+                .unwrap_or(30)
+                .max(1),
+        ),
     };
     let defaults = EngineConfig::default();
     let engine_config = EngineConfig {

@@ -4,7 +4,6 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
 use tarn_engine::BodyRange;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::schema::{ObjectBuilder, Type};
@@ -15,7 +14,7 @@ use crate::error::{
     ApiError, ApiResult, BadRequest, Code, Forbidden, NotFound, PayloadTooLarge,
     PreconditionFailed, RangeNotSatisfiable, ServiceUnavailable, Unauthorized,
 };
-use crate::extract::{Auth, IfMatch, LinkKey, Path};
+use crate::extract::{Auth, BodyPieces, IfMatch, LinkKey, Path};
 use crate::json::{self, Bytes};
 use crate::routes::items::{item_response, ItemPath};
 use crate::AppState;
@@ -75,9 +74,8 @@ pub async fn put(
         .engine
         .begin_body(&auth.caller, &id, key.as_deref(), &content_type)
         .await?;
-    let mut stream = req.into_body().into_data_stream();
-    while let Some(piece) = stream.next().await {
-        let piece = piece.map_err(|e| ApiError::invalid(format!("the upload broke off: {e}")))?;
+    let mut body = BodyPieces::new(req, &s);
+    while let Some(piece) = body.next().await? {
         upload.write(&piece).await?;
     }
     let view = upload.finish(if_match).await?;

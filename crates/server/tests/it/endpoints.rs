@@ -2,6 +2,7 @@
 
 use axum::body::Body;
 use axum::http::{Method, Request};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tarn_server::ServerConfig;
 
@@ -1041,6 +1042,7 @@ async fn index_building_answers_503() {
 async fn malformed_requests_are_problems() {
     let app = TestApp::with(ServerConfig {
         max_json: 4096,
+        body_idle: std::time::Duration::from_millis(300),
         ..ServerConfig::default()
     })
     .await;
@@ -1098,6 +1100,40 @@ async fn malformed_requests_are_problems() {
         .body(Body::from_stream(chunks))
         .unwrap();
     app.raw(req).await.expect(413);
+    // A body that stops coming, JSON or an upload: refused once the
+    // server's idle wait is over, never held open.
+    let id = app.item(&alice, "doc", json!({}), json!([])).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (method, uri, ct) in [
+        (
+            Method::POST,
+            "/api/v1/items".to_string(),
+            "application/json",
+        ),
+        (
+            Method::PUT,
+            format!("/api/v1/items/{id}/body"),
+            "text/plain",
+        ),
+    ] {
+        let stalled = futures_util::stream::iter([Ok::<_, std::io::Error>(b"{".to_vec())])
+            .chain(futures_util::stream::pending());
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {alice}"))
+            .header("content-type", ct)
+            .body(Body::from_stream(stalled))
+            .unwrap();
+        let r = app.raw(req).await.expect(400);
+        assert!(r.text().contains("stalled"), "{}", r.text());
+    }
+    // The item kept its (absent) body.
+    app.get(&format!("/api/v1/items/{id}/body"), Some(&alice))
+        .await
+        .expect(404);
 }
 
 #[tokio::test]
