@@ -167,7 +167,12 @@ pub(crate) const SHARED: &str = "_shared";
 
 fn check_field(field: &str) -> Result<()> {
     let ok = !field.is_empty() && field.len() <= 256 && field.split('.').all(|seg| !seg.is_empty());
-    if ok && field != "kind" {
+    if field.starts_with('$') {
+        // `$body` and whatever else `$` may name later are the server's.
+        Err(EngineError::InvalidInput(format!(
+            "field {field:?}: names starting with $ are reserved ($body is a text field only)"
+        )))
+    } else if ok && field != "kind" {
         Ok(())
     } else {
         Err(EngineError::InvalidInput(format!(

@@ -530,7 +530,9 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             )));
         }
         let mut body = BodyPieces::new(req, state);
-        let mut bytes = Vec::with_capacity(declared.unwrap_or(0));
+        // Grown as bytes come: an announced length is no reason to hold
+        // memory for a client that may never send it.
+        let mut bytes = Vec::with_capacity(declared.unwrap_or(0).min(16 * 1024));
         while let Some(piece) = body.next().await? {
             if bytes.len() + piece.len() > limit {
                 return Err(ApiError::too_large(format!(

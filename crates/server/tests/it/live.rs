@@ -149,6 +149,20 @@ async fn search_over_http() {
     )
     .await
     .expect(400);
+    // $body is a text field, never a category or a sort.
+    for decl in [
+        json!({"kind": "doc", "where": ["$body"], "text": [{"field": "t"}]}),
+        json!({"kind": "doc", "sort": [{"field": "$body", "order": "asc"}]}),
+    ] {
+        app.call(
+            Method::PUT,
+            "/api/v1/indexes/bad-body",
+            Some(&admin),
+            Some(decl),
+        )
+        .await
+        .expect(400);
+    }
 }
 
 #[tokio::test]
