@@ -41,7 +41,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::actor::Actor;
 use crate::error::{EngineError, Result};
 use crate::schema::{self, META};
-use crate::{seal, unseal, Caller, Engine, Item, ItemView, Principal, Role};
+use crate::{seal, unb64, unseal, Caller, Engine, Item, ItemView, Principal, Role};
 
 /// The feed every change goes to.
 pub(crate) const CHANGES: Table = Table::new("changes");
@@ -181,12 +181,23 @@ fn encode_cursor(store: &[u8]) -> String {
 }
 
 /// The store's cursor inside an API cursor; malformed ones are refused.
+/// A cursor of version 1 (unsealed, before this version) is `Gone`, as a
+/// cursor older than the changes kept: the client lists again and resumes
+/// from the end, instead of a browser's `EventSource` giving up on a 400
+/// after an upgrade.
 pub(crate) fn decode_cursor(c: &str) -> Result<Vec<u8>> {
     let bad = || EngineError::InvalidInput("the cursor is not one of this feed".into());
     if c.is_empty() || c.len() > 128 {
         return Err(bad());
     }
-    let raw = unseal(c).ok_or_else(bad)?;
+    let Some(raw) = unseal(c) else {
+        if unb64(c).is_some_and(|r| r.len() > 1 && r[0] == 1) {
+            return Err(EngineError::Gone(
+                "the cursor is from an older server; list again and start from the end".into(),
+            ));
+        }
+        return Err(bad());
+    };
     match raw.split_first() {
         Some((&CURSOR_VERSION, rest)) if !rest.is_empty() => Ok(rest.to_vec()),
         _ => Err(bad()),
@@ -662,7 +673,12 @@ impl Engine {
         since: Option<&str>,
         kind: Option<&str>,
     ) -> Result<Subscription> {
-        let since = since.map(decode_cursor).transpose()?;
+        // A cursor from an older server resumes at the end, after a resync.
+        let (since, stale) = match since.map(decode_cursor).transpose() {
+            Ok(since) => (since, false),
+            Err(EngineError::Gone(_)) => (None, true),
+            Err(e) => return Err(e),
+        };
         if let Some(k) = kind {
             crate::model::check_name("kind", k)?;
         }
@@ -680,6 +696,9 @@ impl Engine {
         let route = RouteId::new(self);
         let rx = route.register(&actor.principals);
         let mut pending = VecDeque::new();
+        if stale {
+            pending.push_back(Event::Resync);
+        }
         let mut last = match &since {
             Some(s) => Some(s.clone()),
             None => Some(

@@ -23,8 +23,9 @@ pub enum EngineError {
     /// (a group cycle, no manager left).
     #[error("{0}")]
     Conflict(String),
-    /// `If-Match` named another version than the current one.
-    #[error("the item is at version {current}, not {expected}")]
+    /// `If-Match` named another version than the current one (or a weak
+    /// tag, [`crate::WEAK_TAG`], which never matches).
+    #[error("the item is at version {current}{}", asked(*.expected))]
     VersionMismatch {
         /// The version asked for.
         expected: u64,
@@ -97,4 +98,13 @@ pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 pub(crate) fn corrupt(what: &str, e: impl std::fmt::Display) -> EngineError {
     EngineError::Internal(format!("corrupt {what}: {e}"))
+}
+
+/// What a version mismatch says of the version asked for.
+fn asked(expected: u64) -> String {
+    if expected == crate::WEAK_TAG {
+        ", and If-Match compares strongly: a weak ETag (W/) never matches".into()
+    } else {
+        format!(", not {expected}")
+    }
 }

@@ -167,11 +167,10 @@ pub(crate) const SHARED: &str = "_shared";
 
 fn check_field(field: &str) -> Result<()> {
     let ok = !field.is_empty() && field.len() <= 256 && field.split('.').all(|seg| !seg.is_empty());
-    if field.starts_with('$') {
-        // `$body` and whatever else `$` may name later are the server's.
-        Err(EngineError::InvalidInput(format!(
-            "field {field:?}: names starting with $ are reserved ($body is a text field only)"
-        )))
+    if field == "$body" {
+        Err(EngineError::InvalidInput(
+            "$body is the item's body: a text field, never a where or sort field".into(),
+        ))
     } else if ok && field != "kind" {
         Ok(())
     } else {

@@ -574,6 +574,11 @@ fn too_many_grants() -> EngineError {
     EngineError::InvalidInput(format!("an ACL holds at most {MAX_GRANTS} grants"))
 }
 
+/// The `if_match` of a weak ETag (`W/"3"`): If-Match compares strongly, so
+/// it matches no version (none reaches it), after the access checks as any
+/// other mismatch.
+pub const WEAK_TAG: u64 = u64::MAX;
+
 pub(crate) fn check_version(item: &Item, if_match: Option<u64>) -> Result<()> {
     match if_match {
         Some(v) if v != item.version => Err(EngineError::VersionMismatch {

@@ -25,9 +25,9 @@
 //! by a few bounded reads of the caller's own partitions of its first two
 //! characters, each skipping past the rows of the last term it saw — never
 //! a scan across partitions. A word typed past its stem ("brewi", on its
-//! way to "brewing", whose term is "brew") also matches the terms it
-//! starts with, a few characters shorter
-//! ([`Analyzer::stems_typed_past`]): exact reads of the same partitions.
+//! way to "brewing", whose term is "brew") also matches the stems of the
+//! words that complete it ([`Analyzer::stems_typed_past`], English
+//! endings): exact reads of the same partitions, at most a handful.
 //!
 //! Bounds: a query has at most [`MAX_WORDS`] words and [`MAX_QUERY`] bytes;
 //! a prefix expands to at most [`MAX_EXPANSION`] terms; one search looks at

@@ -16,9 +16,6 @@ use unicode_segmentation::UnicodeSegmentation;
 /// Longest term kept, in bytes; longer words are cut (at a character
 /// boundary).
 pub const MAX_TERM: usize = 64;
-/// Most characters a stem is shorter than a word typed on its way to a
-/// word with that stem ("generalizat" of "generalization", term "general").
-pub const STEM_CUT: usize = 4;
 
 /// The languages a text index may name, and `none` for no stemming.
 pub const LANGUAGES: &[&str] = &[
@@ -92,6 +89,35 @@ pub fn words(text: &str) -> impl Iterator<Item = String> + '_ {
 /// Stems folded words for one language.
 pub struct Analyzer {
     stemmer: Option<Stemmer>,
+    /// Every tail of every ending of the language, once each.
+    tails: &'static [&'static str],
+}
+
+/// Endings English words take past their stem, inflections and the common
+/// derivations: what a word being typed may still become.
+const ENGLISH_ENDINGS: &[&str] = &[
+    "s", "es", "ed", "ing", "ings", "er", "ers", "est", "ly", "ness", "ment", "ments", "ation",
+    "ations", "ization", "izations", "ize", "izes", "ized", "izing", "ise", "ised", "ising", "ity",
+    "ities", "ies", "ied", "ful", "less", "able", "ability", "ible", "al", "ally", "ous", "ive",
+    "ence", "ance", "ent", "ant", "ism", "ist", "ists", "ion", "ions", "ional",
+];
+
+static ENGLISH_TAILS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+    let mut tails: Vec<&'static str> = ENGLISH_ENDINGS
+        .iter()
+        .flat_map(|e| e.char_indices().map(move |(i, _)| &e[i..]))
+        .collect();
+    tails.sort_unstable();
+    tails.dedup();
+    tails
+});
+
+/// The tails of the endings of `language` (see [`ENGLISH_ENDINGS`]).
+fn endings(language: &str) -> &'static [&'static str] {
+    match language {
+        "english" => ENGLISH_TAILS.as_slice(),
+        _ => &[],
+    }
 }
 
 impl Analyzer {
@@ -100,6 +126,7 @@ impl Analyzer {
     pub fn new(language: &str) -> Analyzer {
         Analyzer {
             stemmer: algorithm(language).map(Stemmer::create),
+            tails: endings(language),
         }
     }
 
@@ -111,22 +138,32 @@ impl Analyzer {
         }
     }
 
-    /// The terms a stemmed word may have whose surface starts with the
-    /// folded `typed` but whose term is shorter than it: its prefixes of
-    /// [`STEM_CUT`] or fewer characters less, and never under three
-    /// characters (the partition of a term is its first two). None without
-    /// a stemmer, where a term is its word.
+    /// The terms shorter than `typed` (folded) of the words that complete
+    /// it: `typed` with the rest of each of its language's [`endings`]
+    /// (`brewi` + `ng`), stemmed, kept when `typed` starts with the term
+    /// (`brew`) — the terms a prefix read cannot reach, since they sort
+    /// before it. At least three characters; none for a language without
+    /// endings listed, or without a stemmer.
     pub fn stems_typed_past(&self, typed: &str) -> Vec<String> {
-        if self.stemmer.is_none() {
-            return Vec::new();
+        let mut out: Vec<String> = Vec::new();
+        if self.stemmer.is_none() || typed.chars().count() < 4 {
+            return out;
         }
-        let ends: Vec<usize> = typed.char_indices().map(|(i, _)| i).skip(1).collect();
-        let shortest = ends.len().saturating_sub(STEM_CUT).max(2);
-        ends.get(shortest..)
-            .unwrap_or_default()
-            .iter()
-            .map(|end| typed[..*end].to_string())
-            .collect()
+        let mut word = String::with_capacity(typed.len() + 16);
+        for rest in self.tails {
+            word.clear();
+            word.push_str(typed);
+            word.push_str(rest);
+            let term = self.term(&word);
+            if term.len() < typed.len()
+                && term.chars().count() >= 3
+                && typed.starts_with(&term)
+                && !out.contains(&term)
+            {
+                out.push(term);
+            }
+        }
+        out
     }
 
     /// The terms of a text, in order.
@@ -158,16 +195,35 @@ mod tests {
     #[test]
     fn a_word_typed_past_its_stem_reaches_it() {
         let en = Analyzer::new("english");
-        assert_eq!(en.stems_typed_past("brewi"), ["bre", "brew"]);
-        assert!(en.stems_typed_past("brewin").contains(&en.term("brewing")));
-        let typed = "generalizat";
-        assert!(en
-            .stems_typed_past(typed)
-            .contains(&en.term("generalization")));
-        assert_eq!(en.stems_typed_past("caf\u{e9}s"), ["caf", "caf\u{e9}"]);
-        assert!(en.stems_typed_past("br").is_empty());
-        assert!(en.stems_typed_past("bre").is_empty());
+        let past = |typed: &str| en.stems_typed_past(typed);
+        assert_eq!(past("brewi"), ["brew"]);
+        assert!(past("brewin").contains(&"brew".to_string()));
+        assert!(past("brewin")
+            .iter()
+            .all(|t| "brewin".starts_with(t.as_str())));
+        assert!(past("generalizat").contains(&en.term("generalization")));
+        assert!(past("happine").contains(&en.term("happiness")));
+        // Only stems of words that complete what was typed: no "the" for
+        // "theory", no "for" for "format", no "car" for "carton".
+        for (typed, never) in [
+            ("theory", ["the", "theo", "theor"]),
+            ("format", ["for", "form", "forma"]),
+            ("andrew", ["and", "andr", "andre"]),
+            ("carton", ["car", "cart", "ca"]),
+        ] {
+            let got = past(typed);
+            assert!(
+                never.iter().all(|n| !got.iter().any(|t| t == n)),
+                "{typed}: {got:?}"
+            );
+        }
+        assert!(past("brew").is_empty() && past("tea").is_empty());
+        // Letters of several bytes (that folding keeps) cut nowhere else.
+        assert!(past("brødi")
+            .iter()
+            .all(|t| "brødi".starts_with(t.as_str())));
         assert!(Analyzer::new("none").stems_typed_past("brewi").is_empty());
+        assert!(Analyzer::new("french").stems_typed_past("brewi").is_empty());
     }
 
     #[test]

@@ -44,9 +44,10 @@ pub struct ServerConfig {
     pub max_json: usize,
     /// Proxies whose `X-Forwarded-For` names the client (none by default).
     pub trusted_proxies: Vec<extract::Cidr>,
-    /// Longest wait for the next bytes of a request body (JSON or an
-    /// upload): a client that stops sending is answered `400` and its
-    /// connection freed, instead of holding it open forever.
+    /// A request body (JSON or an upload) must bring 16 KiB, or its end,
+    /// for every this long the server waits on it: a client that stops
+    /// sending, or trickles, is answered `400` and its connection freed
+    /// instead of holding it open ([`extract::BodyPieces`]).
     pub body_idle: std::time::Duration,
 }
 

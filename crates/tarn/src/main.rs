@@ -153,8 +153,8 @@ struct ServeArgs {
     /// Largest JSON request body in bytes [default: 1048576].
     #[arg(long, env = "TARN_MAX_JSON_BYTES")]
     max_json_bytes: Option<usize>,
-    /// Longest wait for the next bytes of a request body; a client that
-    /// stops sending is answered 400 [default: 30].
+    /// A request body must bring 16 KiB (or its end) for every this many
+    /// seconds the server waits on it, else it is answered 400 [default: 30].
     #[arg(long, env = "TARN_BODY_IDLE_SECONDS")]
     body_idle_seconds: Option<u64>,
     /// How long a session lasts, in hours [default: 720].
@@ -393,12 +393,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .max_json_bytes
             .or(file.max_json_bytes)
             .unwrap_or(1024 * 1024),
-        body_idle: Duration::from_secs(
-            args.body_idle_seconds
-                .or(file.body_idle_seconds)
-                .unwrap_or(30)
-                .max(1),
-        ),
+        body_idle: args
+            .body_idle_seconds
+            .or(file.body_idle_seconds)
+            .map_or(ServerConfig::default().body_idle, |s| {
+                Duration::from_secs(s.max(1))
+            }),
     };
     let defaults = EngineConfig::default();
     let engine_config = EngineConfig {

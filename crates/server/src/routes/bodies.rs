@@ -97,8 +97,11 @@ fn parse_range(headers: &HeaderMap, size: u64, etag: &str) -> Result<Option<Body
             return Ok(None);
         }
     }
-    let Some(spec) = v.trim().strip_prefix("bytes=") else {
-        return Ok(None);
+    // The unit is case-insensitive (RFC 9110, 14.1).
+    let v = v.trim();
+    let spec = match v.get(..6) {
+        Some(unit) if unit.eq_ignore_ascii_case("bytes=") => &v[6..],
+        _ => return Ok(None),
     };
     if spec.contains(',') {
         return Ok(None);
@@ -321,6 +324,8 @@ mod tests {
         assert_eq!(range("bytes=5-100", 10), Ok(Some((5, 10))));
         assert_eq!(range("bytes=0-1,3-4", 10), Ok(None));
         assert_eq!(range("items=0-1", 10), Ok(None));
+        assert_eq!(range("Bytes=2-3", 10), Ok(Some((2, 4))));
+        assert_eq!(range("bytés=2-3", 10), Ok(None));
         assert_eq!(range("bytes=10-", 10), Err(()));
         assert_eq!(range("bytes=-0", 10), Err(()));
         // Not a valid range: ignored, the whole body.

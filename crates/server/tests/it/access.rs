@@ -15,6 +15,8 @@ enum Role {
     Manager,
     ViewLink,
     EditLink,
+    /// A signed-in stranger with the view key.
+    StrangerLink,
     Admin,
 }
 
@@ -31,7 +33,7 @@ enum Op {
     Listed,
 }
 
-const ROLES: [Role; 8] = [
+const ROLES: [Role; 9] = [
     Role::Anonymous,
     Role::Stranger,
     Role::NestedViewer,
@@ -39,6 +41,7 @@ const ROLES: [Role; 8] = [
     Role::Manager,
     Role::ViewLink,
     Role::EditLink,
+    Role::StrangerLink,
     Role::Admin,
 ];
 const OPS: [Op; 9] = [
@@ -70,11 +73,11 @@ fn expected(role: Role, op: Op) -> u16 {
         // Links work on the item's own routes, never in listings, and never
         // reach sharing, links or deletion: the key makes the item readable,
         // so what its role does not allow is forbidden, not absent.
-        (ViewLink, Read | GetBody) => 200,
-        (ViewLink, Patch | PutBody) => 403,
+        (ViewLink | StrangerLink, Read | GetBody) => 200,
+        (ViewLink | StrangerLink, Patch | PutBody) => 403,
         (EditLink, Read | GetBody | Patch | PutBody) => 200,
-        (ViewLink | EditLink, Listed) => 404,
-        (ViewLink | EditLink, _) => 403,
+        (ViewLink | EditLink | StrangerLink, Listed) => 404,
+        (ViewLink | EditLink | StrangerLink, _) => 403,
         (Admin, MakeLink) => 201,
         (Admin, Delete | DeleteLink) => 204,
         (Admin, Listed) => 404,
@@ -129,12 +132,13 @@ async fn world() -> World {
         owner: owner.clone(),
         tokens: vec![
             (Role::Anonymous, None),
-            (Role::Stranger, Some(stranger)),
+            (Role::Stranger, Some(stranger.clone())),
             (Role::NestedViewer, Some(viewer)),
             (Role::Editor, Some(editor)),
             (Role::Manager, Some(owner)),
             (Role::ViewLink, None),
             (Role::EditLink, None),
+            (Role::StrangerLink, Some(stranger)),
             (Role::Admin, Some(admin)),
         ],
     }
@@ -186,7 +190,7 @@ async fn fresh_item(w: &World) -> (String, String, String) {
 async fn perform(w: &World, role: Role, token: Option<&str>, op: Op) -> Reply {
     let (id, view_key, edit_key) = fresh_item(w).await;
     let key = match role {
-        Role::ViewLink => Some(view_key),
+        Role::ViewLink | Role::StrangerLink => Some(view_key),
         Role::EditLink => Some(edit_key.clone()),
         _ => None,
     };

@@ -473,6 +473,17 @@ async fn items_crud_with_etags() {
     // If-Match compares strongly: the current version, weak, never matches.
     let weak = patch("W/\"2\"", json!({"x": 1})).await.expect(412);
     assert_eq!(weak.json()["type"], "version-mismatch");
+    // ... after the access checks: what the caller may not read is absent.
+    let bob = app.user("bob").await;
+    app.call_with(
+        Method::PATCH,
+        &path,
+        Some(&bob),
+        Some(json!({"properties": {"x": 1}})),
+        &[("if-match", "W/\"2\"")],
+    )
+    .await
+    .expect(404);
     patch("*", json!({"x": 1})).await.expect(200);
     let r = app
         .call(
@@ -1130,6 +1141,21 @@ async fn malformed_requests_are_problems() {
         let r = app.raw(req).await.expect(400);
         assert!(r.text().contains("stalled"), "{}", r.text());
     }
+    // A byte now and then is no pace either: a piece comes well within
+    // every wait, but 16 KiB never come.
+    let trickle = futures_util::stream::unfold((), |()| async {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        Some((Ok::<_, std::io::Error>(b"x".to_vec()), ()))
+    });
+    let req = Request::builder()
+        .method(Method::PUT)
+        .uri(format!("/api/v1/items/{id}/body"))
+        .header("authorization", format!("Bearer {alice}"))
+        .header("content-type", "text/plain")
+        .body(Body::from_stream(trickle))
+        .unwrap();
+    let r = app.raw(req).await.expect(400);
+    assert!(r.text().contains("stalled"), "{}", r.text());
     // The item kept its (absent) body.
     app.get(&format!("/api/v1/items/{id}/body"), Some(&alice))
         .await

@@ -76,6 +76,9 @@ async fn search_over_http() {
         assert_eq!(count(&q, &bob).await, 1, "{typed}");
     }
     assert_eq!(count("q=brewin&kind=doc", &bob).await, 0);
+    // ... but a word that only starts with a term ("note") is no word
+    // on its way to it.
+    assert_eq!(count("q=notebook&kind=doc&prefix=true", &bob).await, 0);
     assert_eq!(count("q=green%20nothing&kind=doc&match=any", &ann).await, 2);
     assert_eq!(count("q=green%20nothing&kind=doc&match=all", &ann).await, 0);
     assert_eq!(count("q=green", &ann).await, 2, "without a kind");
@@ -226,6 +229,11 @@ async fn changes_over_http() {
             .await
             .expect(400);
     }
+    let r = app
+        .get(&format!("/api/v1/changes?since={OLD_CURSOR}"), Some(&bob))
+        .await
+        .expect(410);
+    assert_eq!(r.json()["type"], "resync");
     // Anonymous callers see public items only.
     let anon = app
         .get(&format!("/api/v1/changes?since={since}"), None)
@@ -234,6 +242,10 @@ async fn changes_over_http() {
         .json();
     assert_eq!(anon["changes"], json!([]));
 }
+
+/// A feed cursor as servers made them before cursors were sealed: version
+/// 1 and a store position.
+const OLD_CURSOR: &str = "AQAAAAAAAAAF";
 
 /// Reads SSE frames from a streaming body until `n` events (not comments)
 /// arrived; returns them as (event, id, data).
@@ -355,6 +367,19 @@ async fn events_over_http() {
     // A bad cursor is refused before streaming.
     let res = open(Some("%%%".into())).await.unwrap();
     assert_eq!(res.status(), 400);
+    // A cursor of an older server (version 1, unsealed) resyncs, and the
+    // stream goes on from the end, as a browser's EventSource needs.
+    let res = open(Some(OLD_CURSOR.into())).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let mut body = res.into_body().into_data_stream();
+    assert_eq!(events(&mut body, 1).await[0].0, "resync");
+    let m4 = app
+        .item(&ann, "message", json!({"text": "four"}), room.clone())
+        .await;
+    let got = events(&mut body, 1).await;
+    let v: Value = serde_json::from_str(&got[0].2).unwrap();
+    assert_eq!(v["item"]["id"], m4["id"]);
+    drop(body);
     // Anonymous streams see public items.
     let req = Request::builder()
         .uri("/api/v1/events")
