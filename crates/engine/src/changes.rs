@@ -87,6 +87,12 @@ pub(crate) enum What {
         kind: String,
         /// Its version after the change (before it, for a delete).
         version: u64,
+        /// Its version before the change, for an item that was there (a
+        /// remove carries it: the last version its caller could read).
+        /// Absent in entries of older servers, whose writes in place all
+        /// made `version` one higher.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        was: Option<u64>,
         /// Who could read it before.
         before: Vec<Principal>,
         /// Who can read it after.
@@ -224,6 +230,7 @@ pub(crate) fn record_item(b: &mut Batch, at: i64, before: Option<&Item>, after: 
             id,
             kind,
             version,
+            was: before.map(|i| i.version),
             before: readers(before),
             after: readers(after),
             item: after.cloned().map(Box::new),
@@ -256,6 +263,7 @@ fn view(entry: &FeedEntry, row: &ChangeRow, actor: &Actor, kind: Option<&str>) -
         id,
         kind: item_kind,
         version,
+        was: version_before,
         before,
         after,
         item,
@@ -273,12 +281,12 @@ fn view(entry: &FeedEntry, row: &ChangeRow, actor: &Actor, kind: Option<&str>) -
     }
     // A remove carries the last version the caller could read, the one
     // before the write: a write that leaves the item in place (an unshare)
-    // made it one higher and a delete did not, so the entry's own version
-    // would tell the two apart, which a remove never does.
-    let version = if !is && item.is_some() {
-        version.saturating_sub(1)
-    } else {
-        *version
+    // made it higher and a delete did not, so the entry's own version would
+    // tell the two apart, which a remove never does.
+    let version = match version_before {
+        Some(v) if !is => *v,
+        None if !is && item.is_some() => version.saturating_sub(1),
+        _ => *version,
     };
     let item = if is {
         item.as_ref().map(|i| {
@@ -1084,6 +1092,7 @@ mod tests {
                 id: format!("i{n}"),
                 kind: "message".into(),
                 version: 1,
+                was: None,
                 before: Vec::new(),
                 after: readers.iter().map(|r| r.parse().unwrap()).collect(),
                 item: None,
