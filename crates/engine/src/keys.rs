@@ -4,7 +4,7 @@
 //! equals the value order, so a tuple of values is encoded by concatenation
 //! and every backend sorts index rows correctly with `memcmp`:
 //!
-//! `null < false < true < numbers < strings < missing`
+//! `false < true < numbers < strings < missing = null`
 //!
 //! - numbers: integers and floats compare by value (`1 == 1.0`); an `f64` in
 //!   sign-flipped big-endian form, then the exact distance of an integer
@@ -13,15 +13,16 @@
 //!   ended by `0x00 0x01`. (FoundationDB's tuple layer ends strings with a
 //!   bare `0x00`, which makes `""` a prefix of `"\0"`: fine ascending, wrong
 //!   once inverted for descending order.)
-//! - missing: a value that is absent, or an array or object (not orderable),
-//!   sorts after every value.
+//! - missing: a value that is absent, `null`, or an array or object (not
+//!   orderable), sorts after every value — `null` is no value, as SQL's
+//!   NULL, so it sorts (and is found by `where`) with the absent ones, as
+//!   api.md's "items without the sort field" do.
 //!
 //! Descending fields are the same bytes inverted: inversion reverses the
 //! order of prefix-free strings, and every encoding here is prefix-free.
 
 use serde_json::Value;
 
-const NULL: u8 = 0x01;
 const FALSE: u8 = 0x02;
 const TRUE: u8 = 0x03;
 const NUMBER: u8 = 0x04;
@@ -69,7 +70,6 @@ impl Order {
 pub fn encode_value(out: &mut Vec<u8>, value: Option<&Value>, order: Order) {
     let start = out.len();
     match value {
-        Some(Value::Null) => out.push(NULL),
         Some(Value::Bool(false)) => out.push(FALSE),
         Some(Value::Bool(true)) => out.push(TRUE),
         Some(Value::Number(n)) => encode_number(out, n),
@@ -77,7 +77,7 @@ pub fn encode_value(out: &mut Vec<u8>, value: Option<&Value>, order: Order) {
             out.push(STRING);
             encode_str_body(out, prefix(s, MAX_SORT_BYTES).as_bytes());
         }
-        Some(Value::Array(_) | Value::Object(_)) | None => out.push(MISSING),
+        Some(Value::Null | Value::Array(_) | Value::Object(_)) | None => out.push(MISSING),
     }
     if order == Order::Desc {
         for b in &mut out[start..] {
@@ -209,7 +209,6 @@ mod tests {
     fn compare(a: Option<&Value>, b: Option<&Value>) -> Ordering {
         fn rank(v: Option<&Value>) -> u8 {
             match v {
-                Some(Value::Null) => 0,
                 Some(Value::Bool(false)) => 1,
                 Some(Value::Bool(true)) => 2,
                 Some(Value::Number(_)) => 3,

@@ -1282,3 +1282,56 @@ async fn shared_with_me_lists_what_others_shared() {
         .await
         .expect(401);
 }
+
+/// `null` is no value: it sorts with the items without the field, last in
+/// ascending order and first in descending order (api.md, Listings).
+#[tokio::test]
+async fn null_sorts_with_the_missing() {
+    let app = TestApp::new().await;
+    let admin = app.admin().await;
+    let alice = app.user("alice").await;
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/tasks-by-n",
+        Some(&admin),
+        Some(json!({"kind": "task", "sort": [{"field": "n", "order": "asc"}]})),
+    )
+    .await
+    .expect(201);
+    app.wait_index(&admin, "tasks-by-n").await;
+    let mut id = std::collections::HashMap::new();
+    for (name, props) in [
+        ("two", json!({"n": 2})),
+        ("null", json!({"n": null})),
+        ("none", json!({})),
+        ("one", json!({"n": 1})),
+        ("text", json!({"n": "a"})),
+    ] {
+        let item = app.item(&alice, "task", props, json!([])).await;
+        id.insert(item["id"].as_str().unwrap().to_string(), name);
+    }
+    let order = |sort: &'static str| {
+        let (app, alice, id) = (&app, &alice, &id);
+        async move {
+            let r = app
+                .get(&format!("/api/v1/items?kind=task&sort={sort}"), Some(alice))
+                .await
+                .expect(200)
+                .json();
+            r["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| id[i["id"].as_str().unwrap()])
+                .collect::<Vec<_>>()
+        }
+    };
+    let asc = order("n").await;
+    assert_eq!(asc[..3], ["one", "two", "text"], "{asc:?}");
+    assert!(
+        asc[3..].contains(&"null") && asc[3..].contains(&"none"),
+        "{asc:?}"
+    );
+    let desc = order("-n").await;
+    assert_eq!(desc[2..], ["text", "two", "one"], "{desc:?}");
+}
