@@ -381,6 +381,23 @@ impl Engine {
         Ok((actor, own))
     }
 
+    /// Whether the caller's session still holds (not signed out, not
+    /// expired, its user not gone): one read of the session and user rows.
+    /// Callers that are not a session always hold.
+    pub(crate) async fn session_holds(&self, caller: &Caller) -> Result<()> {
+        let mut res = Resolve::new(caller)?;
+        if !matches!(res.kind, Who::Token { .. }) {
+            return Ok(());
+        }
+        let gets = res.first_gets();
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            Ok(crate::read(&mut snap, &gets, &[]).await?.rows)
+        })
+        .await
+        .and_then(|rows| res.absorb_first(self, &rows))
+    }
+
     /// Reads the remaining levels of a caller's memberships.
     pub(crate) async fn walk_to_end(
         &self,

@@ -602,6 +602,10 @@ pub struct Subscription {
     /// read again at a place where the stream has caught up, they are only
     /// ever narrowed.
     unsure: bool,
+    /// Whether the session was checked since `pending` was last empty:
+    /// the changes that arrive together go out after one check, so a
+    /// signed-out session's stream gets none after its sign-out.
+    session_checked: bool,
     _slot: StreamSlot,
 }
 
@@ -738,6 +742,7 @@ impl Engine {
             pending,
             due: std::time::Instant::now() + CHECK_EVERY,
             unsure: false,
+            session_checked: false,
             _slot: slot,
         })
     }
@@ -929,7 +934,14 @@ impl Subscription {
     /// The next event; waits for one.
     pub async fn next(&mut self) -> Result<Event> {
         loop {
+            if matches!(self.pending.front(), Some(Event::Change(_))) && !self.session_checked {
+                self.engine.session_holds(&self.caller).await?;
+                self.session_checked = true;
+            }
             if let Some(e) = self.pending.pop_front() {
+                if self.pending.is_empty() {
+                    self.session_checked = false;
+                }
                 return Ok(e);
             }
             if std::time::Instant::now() >= self.due {

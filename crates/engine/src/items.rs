@@ -252,6 +252,7 @@ impl Engine {
         acl: Vec<Grant>,
     ) -> Result<ItemView> {
         check_name("kind", kind)?;
+        crate::users::check_properties_depth(&properties)?;
         let properties = Properties::new(properties);
         self.check_properties_size(properties.text().len())?;
         if acl.len() > MAX_GRANTS {
@@ -370,6 +371,7 @@ impl Engine {
             let Value::Object(props) = props else {
                 unreachable!("an object patched by an object stays an object")
             };
+            crate::users::check_properties_depth(&props)?;
             let props = Properties::new(props);
             self.check_properties_size(props.text().len())?;
             let mut after = a.item.clone();

@@ -851,11 +851,33 @@ fn choose(
         return Err(EngineError::IndexBuilding(name));
     }
     let k = kind.unwrap_or("KIND");
+    // The advice must be one the administrator can follow: a name no index
+    // has, and the fields of the kind's other text index if it has one.
+    let mut name = format!("{k}-text");
+    if !fields.is_empty() {
+        name = format!(
+            "{name}-by-{}",
+            fields.keys().cloned().collect::<Vec<_>>().join("-")
+        );
+    }
+    let base = name.clone();
+    let mut n = 1;
+    while defs.iter().any(|d| d.name == name) {
+        n += 1;
+        name = format!("{base}-{n}");
+    }
+    let text = match defs
+        .iter()
+        .find(|d| d.is_text() && kind.is_some() && d.kind.as_deref() == kind)
+    {
+        Some(d) => serde_json::to_value(&d.text).unwrap_or_default(),
+        None => serde_json::json!([{"field": "title", "weight": 3}, {"field": "description"}]),
+    };
     let declare = serde_json::json!({
-        "name": format!("{k}-text"),
+        "name": name,
         "kind": k,
         "where": fields.keys().collect::<Vec<_>>(),
-        "text": [{"field": "title", "weight": 3}, {"field": "description"}],
+        "text": text,
     });
     Err(EngineError::NoIndex {
         declare: declare.to_string(),

@@ -432,6 +432,7 @@ impl Engine {
     }
 
     pub(crate) fn check_properties(&self, p: &Map<String, Value>) -> Result<()> {
+        check_properties_depth(p)?;
         self.check_properties_size(serde_json::to_vec(p).map_or(usize::MAX, |v| v.len()))
     }
 
@@ -446,6 +447,32 @@ impl Engine {
         Ok(())
     }
 }
+
+/// Refuses properties nested deeper than [`MAX_PROPERTIES_DEPTH`]. The
+/// limit is kept where properties are written: every record that carries
+/// them (an item row, a change entry with the item in it) nests them a few
+/// levels further, and each must read back under the JSON reader's own
+/// limit of 128 levels, or one item would break the feed for everyone.
+pub(crate) fn check_properties_depth(p: &Map<String, Value>) -> Result<()> {
+    fn depth(v: &Value) -> usize {
+        match v {
+            Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
+            Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+    let d = 1 + p.values().map(depth).max().unwrap_or(0);
+    if d > MAX_PROPERTIES_DEPTH {
+        return Err(EngineError::InvalidInput(format!(
+            "properties nest {d} levels deep, more than {MAX_PROPERTIES_DEPTH}"
+        )));
+    }
+    Ok(())
+}
+
+/// Most levels of objects and arrays in properties, the properties object
+/// itself included.
+pub const MAX_PROPERTIES_DEPTH: usize = 64;
 
 /// Runs `f` when dropped.
 fn scopeguard(f: impl FnOnce()) -> impl Drop {

@@ -91,7 +91,11 @@ impl FromRequestParts<AppState> for Auth {
         let token = value
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
+            // The scheme's name is case-insensitive (RFC 9110, 11.1).
+            .and_then(|v| {
+                let (scheme, token) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(token)
+            })
             .map(str::trim)
             .filter(|t| !t.is_empty() && t.len() <= 256)
             .ok_or_else(|| {

@@ -1335,3 +1335,33 @@ async fn null_sorts_with_the_missing() {
     let desc = order("-n").await;
     assert_eq!(desc[2..], ["text", "two", "one"], "{desc:?}");
 }
+
+/// Regression (hostile probe): `Authorization: bearer <token>` answered
+/// 401, but an authentication scheme's name is case-insensitive (RFC
+/// 9110, 11.1).
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let app = TestApp::new().await;
+    let alice = app.user("alice").await;
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let req = Request::builder()
+            .uri("/api/v1/me")
+            .header("authorization", format!("{scheme} {alice}"))
+            .body(Body::empty())
+            .unwrap();
+        let r = app.raw(req).await.expect(200);
+        assert_eq!(r.json()["username"], "alice", "{scheme}");
+    }
+    for bad in [
+        format!("Basic {alice}"),
+        format!("Bearer{alice}"),
+        "bearer ".into(),
+    ] {
+        let req = Request::builder()
+            .uri("/api/v1/me")
+            .header("authorization", bad.clone())
+            .body(Body::empty())
+            .unwrap();
+        app.raw(req).await.expect(401);
+    }
+}

@@ -130,6 +130,27 @@ async fn search_over_http() {
         .await
         .expect(400);
     assert_eq!(r.json()["type"], "no-index");
+    // The advice for a where-field the kind's text index lacks can be
+    // followed as given: a new name, the kind's own text fields.
+    let r = app
+        .get("/api/v1/search?q=x&kind=doc&where.project=p1", Some(&ann))
+        .await
+        .expect(400);
+    let detail = r.json()["detail"].as_str().unwrap().to_string();
+    let advice: Value = serde_json::from_str(&detail[detail.find('{').unwrap()..]).unwrap();
+    assert_eq!(advice["where"], json!(["project"]), "{detail}");
+    assert_eq!(advice["text"][1]["field"], "body", "{detail}");
+    let name = advice["name"].as_str().unwrap().to_string();
+    let mut decl = advice.clone();
+    decl.as_object_mut().unwrap().remove("name");
+    app.call(
+        Method::PUT,
+        &format!("/api/v1/indexes/{name}"),
+        Some(&admin),
+        Some(decl),
+    )
+    .await
+    .expect(201);
     for odd in ["%F0%9F%8D%B5", "%D7%A9%D7%9C%D7%95%D7%9D", "%00", "e%CC%81"] {
         app.get(&format!("/api/v1/search?q={odd}&kind=doc"), Some(&ann))
             .await
@@ -398,4 +419,109 @@ async fn events_over_http() {
     let got = events(&mut body, 1).await;
     let v: Value = serde_json::from_str(&got[0].2).unwrap();
     assert_eq!(v["id"], public["id"]);
+}
+
+/// Regression (hostile probe): properties 126 levels deep were accepted,
+/// and the change entry that carries them, nested a few levels further,
+/// no longer read back under the JSON reader's limit: `/changes` answered
+/// 500 to every caller. Depth is bounded where properties are written.
+#[tokio::test]
+async fn properties_nested_too_deep_are_refused_and_the_feed_reads_back() {
+    let app = TestApp::new().await;
+    let ann = app.user("ann").await;
+    let bob = app.user("bob").await;
+    let since = app
+        .get("/api/v1/changes", Some(&bob))
+        .await
+        .expect(200)
+        .json()["next"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // `levels` levels of objects, the properties object included.
+    let nested = |levels: usize| {
+        let mut v = json!(1);
+        for _ in 0..levels {
+            v = json!({ "a": v });
+        }
+        v
+    };
+    let shared = json!([{"principal": "user:bob", "role": "viewer"}]);
+    let deep = app.item(&ann, "doc", nested(64), shared.clone()).await;
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/items",
+            Some(&ann),
+            Some(json!({"kind": "doc", "properties": nested(65), "acl": shared})),
+        )
+        .await
+        .expect(400);
+    assert!(r.text().contains("64"), "{}", r.text());
+    // A patch cannot deepen an item past the limit either.
+    let id = deep["id"].as_str().unwrap();
+    app.call(
+        Method::PATCH,
+        &format!("/api/v1/items/{id}"),
+        Some(&ann),
+        Some(json!({"properties": {"b": nested(64)}})),
+    )
+    .await
+    .expect(400);
+    let mut page = json!(null);
+    for _ in 0..50 {
+        page = app
+            .get(&format!("/api/v1/changes?since={since}"), Some(&bob))
+            .await
+            .expect(200)
+            .json();
+        if !page["changes"].as_array().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let changes = page["changes"].as_array().unwrap();
+    assert_eq!(changes.len(), 1, "{page}");
+    assert_eq!(changes[0]["item"]["properties"], deep["properties"]);
+}
+
+/// Regression (hostile probe): a stream whose session was signed out went
+/// on delivering items for up to 30 s (its periodic check). A change now
+/// goes out only after the session is checked, so the stream ends at the
+/// first change after the sign-out, before sending it.
+#[tokio::test]
+async fn a_signed_out_stream_gets_nothing_more() {
+    let app = TestApp::new().await;
+    let ann = app.user("ann").await;
+    let bob = app.user("bob").await;
+    let req = Request::builder()
+        .uri("/api/v1/events")
+        .header("authorization", format!("Bearer {bob}"))
+        .body(Body::empty())
+        .unwrap();
+    let res = app.router.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let mut body = res.into_body().into_data_stream();
+    let to_bob = json!([{"principal": "user:bob", "role": "viewer"}]);
+    let before = app.item(&ann, "doc", json!({"n": 1}), to_bob.clone()).await;
+    let got = events(&mut body, 1).await;
+    let v: Value = serde_json::from_str(&got[0].2).unwrap();
+    assert_eq!(v["item"]["id"], before["id"]);
+    app.call(Method::DELETE, "/api/v1/sessions/current", Some(&bob), None)
+        .await
+        .expect(204);
+    app.item(&ann, "doc", json!({"secret": true}), to_bob).await;
+    // The stream ends without another event (comments may come first).
+    let mut text = String::new();
+    loop {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+            .await
+            .expect("the stream ends within 10 s");
+        match chunk {
+            None => break,
+            Some(Ok(bytes)) => text.push_str(std::str::from_utf8(&bytes).unwrap()),
+            Some(Err(_)) => break,
+        }
+    }
+    assert!(!text.contains("data:"), "delivered after sign-out: {text}");
 }
