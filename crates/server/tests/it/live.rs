@@ -189,6 +189,26 @@ async fn search_over_http() {
     }
 }
 
+/// The page of `/changes` after `since` once it holds `at_least` changes
+/// (or after 5 s). A committed change appears "within about a second"
+/// (api.md): on PostgreSQL the feed is read below the oldest transaction
+/// still running anywhere on the server, and other tests write there too.
+async fn changes_after(app: &TestApp, token: &str, since: &str, at_least: usize) -> Value {
+    let mut page = json!(null);
+    for _ in 0..50 {
+        page = app
+            .get(&format!("/api/v1/changes?since={since}"), Some(token))
+            .await
+            .expect(200)
+            .json();
+        if page["changes"].as_array().unwrap().len() >= at_least {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    page
+}
+
 #[tokio::test]
 async fn changes_over_http() {
     let app = TestApp::new().await;
@@ -212,21 +232,7 @@ async fn changes_over_http() {
     )
     .await
     .expect(204);
-    // A committed change appears "within about a second" (api.md): on
-    // PostgreSQL the feed is read below the oldest transaction still
-    // running anywhere on the server, and other tests write there too.
-    let mut page = json!(null);
-    for _ in 0..50 {
-        page = app
-            .get(&format!("/api/v1/changes?since={since}"), Some(&bob))
-            .await
-            .expect(200)
-            .json();
-        if page["changes"].as_array().unwrap().len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let page = changes_after(&app, &bob, &since, 2).await;
     let changes = page["changes"].as_array().unwrap();
     assert_eq!(changes.len(), 2, "{page}");
     assert_eq!(changes[0]["op"], "put");
@@ -468,18 +474,7 @@ async fn properties_nested_too_deep_are_refused_and_the_feed_reads_back() {
     )
     .await
     .expect(400);
-    let mut page = json!(null);
-    for _ in 0..50 {
-        page = app
-            .get(&format!("/api/v1/changes?since={since}"), Some(&bob))
-            .await
-            .expect(200)
-            .json();
-        if !page["changes"].as_array().unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let page = changes_after(&app, &bob, &since, 1).await;
     let changes = page["changes"].as_array().unwrap();
     assert_eq!(changes.len(), 1, "{page}");
     assert_eq!(changes[0]["item"]["properties"], deep["properties"]);
