@@ -183,7 +183,7 @@ fn encode_cursor(store: &[u8]) -> String {
     let mut c = Vec::with_capacity(store.len() + 1);
     c.push(CURSOR_VERSION);
     c.extend_from_slice(store);
-    seal(&c)
+    seal(b"", &c)
 }
 
 /// The store's cursor inside an API cursor; malformed ones are refused.
@@ -196,7 +196,7 @@ pub(crate) fn decode_cursor(c: &str) -> Result<Vec<u8>> {
     if c.is_empty() || c.len() > 128 {
         return Err(bad());
     }
-    let Some(raw) = unseal(c) else {
+    let Some(raw) = unseal(b"", c) else {
         if unb64(c).is_some_and(|r| r.len() > 1 && r[0] == 1) {
             return Err(EngineError::Gone(
                 "the cursor is from an older server; list again and start from the end".into(),

@@ -430,7 +430,7 @@ impl Engine {
         let lower = match cursor {
             None => Bound::Unbounded,
             Some(c) => Bound::Excluded(
-                unseal(c)
+                unseal(b"members", c)
                     .filter(|c| !c.is_empty() && c.len() <= 200)
                     .ok_or_else(|| EngineError::InvalidInput("bad cursor".into()))?,
             ),
@@ -458,7 +458,11 @@ impl Engine {
         }
         Ok(MemberPage {
             members,
-            next: if more { last.map(|l| seal(&l)) } else { None },
+            next: if more {
+                last.map(|l| seal(b"members", &l))
+            } else {
+                None
+            },
         })
     }
 

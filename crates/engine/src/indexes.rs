@@ -165,6 +165,9 @@ pub(crate) fn builtins() -> Vec<IndexDef> {
 /// The built-in index of items shared with a user or a group.
 pub(crate) const SHARED: &str = "_shared";
 
+/// The fields every item has outside its properties.
+const BUILT_IN_FIELDS: [&str; 3] = ["createdAt", "modifiedAt", "createdBy"];
+
 fn check_field(field: &str) -> Result<()> {
     let ok = !field.is_empty() && field.len() <= 256 && field.split('.').all(|seg| !seg.is_empty());
     if field == "$body" {
@@ -435,6 +438,18 @@ impl Engine {
         where_: Vec<String>,
         sort: Vec<SortField>,
     ) -> Result<(IndexDef, bool)> {
+        if sort.is_empty() {
+            return Err(EngineError::InvalidInput(
+                "an index sorts by at least one field (or is a text index, with text fields)"
+                    .into(),
+            ));
+        }
+        let unique: BTreeSet<&String> = sort.iter().map(|s| &s.field).collect();
+        if unique.len() != sort.len() {
+            return Err(EngineError::InvalidInput(
+                "a sort field is named twice".into(),
+            ));
+        }
         self.declare(caller, name, kind, where_, sort, Vec::new(), None)
             .await
     }
@@ -465,6 +480,12 @@ impl Engine {
         for t in &text {
             if t.field != "$body" {
                 check_field(&t.field)?;
+            }
+            if BUILT_IN_FIELDS.contains(&t.field.as_str()) {
+                return Err(EngineError::InvalidInput(format!(
+                    "text field {} is not a dot path into properties or $body",
+                    t.field
+                )));
             }
             if !(t.weight.is_finite() && t.weight > 0.0 && t.weight <= 100.0) {
                 return Err(EngineError::InvalidInput(format!(
@@ -608,33 +629,41 @@ impl Engine {
     }
 
     /// Drops a declared index (administrators) and removes its rows in the
-    /// background.
+    /// background. The name is free at once: the declaration moves to a
+    /// name no one can declare (`~` and its uid) until its rows are gone,
+    /// so an index of the same name can be declared while they go.
     pub async fn drop_index(&self, caller: &Caller, name: &str) -> Result<()> {
         if name.starts_with('_') {
             return Err(EngineError::InvalidInput("built-in indexes stay".into()));
         }
-        self.retrying(|| async {
-            let mut snap = self.snapshot().await?;
-            let (actor, own) = self
-                .resolve(&mut snap, caller, &[schema::defs_version_key()], &[])
-                .await?;
-            actor.require_admin()?;
-            let defs = self.defs_at(&mut snap, &own.rows[0]).await?;
-            drop(snap);
-            let mut def = defs
-                .get(name)
-                .cloned()
-                .ok_or_else(|| EngineError::NotFound(format!("no index {name}")))?;
-            if def.state != IndexState::Dropping {
-                def.state = IndexState::Dropping;
-                let mut b = Batch::new();
-                b.put(schema::def_key(name), schema::encode(&def), 1);
-                self.write_defs(defs.version, b).await?;
-            }
-            Ok(())
-        })
-        .await?;
-        self.spawn_drop(name.to_string());
+        if !crate::model::is_valid_name(name) {
+            return Err(EngineError::NotFound(format!("no index {name}")));
+        }
+        let dropping = self
+            .retrying(|| async {
+                let mut snap = self.snapshot().await?;
+                let (actor, own) = self
+                    .resolve(&mut snap, caller, &[schema::defs_version_key()], &[])
+                    .await?;
+                actor.require_admin()?;
+                let defs = self.defs_at(&mut snap, &own.rows[0]).await?;
+                drop(snap);
+                let mut def = defs
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| EngineError::NotFound(format!("no index {name}")))?;
+                if def.state != IndexState::Dropping {
+                    def.state = IndexState::Dropping;
+                    def.name = format!("~{}", def.uid);
+                    let mut b = Batch::new();
+                    b.delete(schema::def_key(name));
+                    b.put(schema::def_key(&def.name), schema::encode(&def), 1);
+                    self.write_defs(defs.version, b).await?;
+                }
+                Ok(def.name)
+            })
+            .await?;
+        self.spawn_drop(dropping);
         Ok(())
     }
 

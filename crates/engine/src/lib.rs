@@ -429,24 +429,39 @@ pub(crate) fn unb64(s: &str) -> Option<Vec<u8>> {
         .ok()
 }
 
-/// An opaque cursor: `bytes` and four bytes of their hash, so that a cursor
-/// cut short or altered by hand is refused instead of read as another place.
-/// (Not a secret: a cursor grants nothing; it only says where a page ends.)
-pub(crate) fn seal(bytes: &[u8]) -> String {
+/// An opaque cursor: `bytes` and four bytes of the hash of `route` and
+/// them, so that a cursor cut short, altered by hand or handed to another
+/// route is refused instead of read as another place. (Not a secret: a
+/// cursor grants nothing; it only says where a page ends.) The feed's
+/// route is empty, as its cursors were sealed before routes were, and a
+/// client keeps those across upgrades.
+pub(crate) fn seal(route: &[u8], bytes: &[u8]) -> String {
     let mut c = Vec::with_capacity(bytes.len() + SEAL);
     c.extend_from_slice(bytes);
-    c.extend_from_slice(&sha256(bytes)[..SEAL]);
+    c.extend_from_slice(&seal_of(route, bytes));
     b64(&c)
 }
 
-/// The bytes of a [`seal`]ed cursor; `None` when it is not one, whole.
-pub(crate) fn unseal(cursor: &str) -> Option<Vec<u8>> {
+/// The bytes of a cursor [`seal`]ed for `route`; `None` when it is not
+/// one, whole.
+pub(crate) fn unseal(route: &[u8], cursor: &str) -> Option<Vec<u8>> {
     let mut c = unb64(cursor)?;
     let at = c.len().checked_sub(SEAL)?;
-    (sha256(&c[..at])[..SEAL] == c[at..]).then(|| {
+    (seal_of(route, &c[..at]) == c[at..]).then(|| {
         c.truncate(at);
         c
     })
+}
+
+fn seal_of(route: &[u8], bytes: &[u8]) -> [u8; SEAL] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    if !route.is_empty() {
+        h.update(route);
+        h.update([0]);
+    }
+    h.update(bytes);
+    h.finalize()[..SEAL].try_into().expect("SEAL bytes")
 }
 
 const SEAL: usize = 4;

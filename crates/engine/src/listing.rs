@@ -113,12 +113,12 @@ fn encode_cursor(index: &str, direction: Direction, last: &[u8]) -> String {
     c.push(index.len() as u8);
     c.extend_from_slice(index.as_bytes());
     c.extend_from_slice(last);
-    seal(&c)
+    seal(b"listing", &c)
 }
 
 fn decode_cursor(cursor: &str, index: &str, direction: Direction) -> Result<Vec<u8>> {
     let bad = || EngineError::InvalidInput("the cursor does not belong to this listing".into());
-    let c = unseal(cursor).ok_or_else(bad)?;
+    let c = unseal(b"listing", cursor).ok_or_else(bad)?;
     if c.len() < 3 || c[0] != CURSOR_VERSION || c[1] != (direction == Direction::Reverse) as u8 {
         return Err(bad());
     }

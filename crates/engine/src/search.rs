@@ -316,7 +316,7 @@ fn encode_cursor(p: &Place) -> String {
     let mut c = vec![CURSOR_VERSION];
     c.extend_from_slice(&p.score.to_be_bytes());
     c.extend_from_slice(p.id.as_bytes());
-    seal(&c)
+    seal(b"search", &c)
 }
 
 fn decode_cursor(c: &str) -> Result<Place> {
@@ -324,7 +324,7 @@ fn decode_cursor(c: &str) -> Result<Place> {
     if c.len() > 200 {
         return Err(bad());
     }
-    let raw = unseal(c).ok_or_else(bad)?;
+    let raw = unseal(b"search", c).ok_or_else(bad)?;
     if raw.len() < 10 || raw[0] != CURSOR_VERSION {
         return Err(bad());
     }

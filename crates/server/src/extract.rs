@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request};
 use axum::http::header::{
-    AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, IF_MATCH, ORIGIN,
+    AUTHORIZATION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, IF_MATCH, ORIGIN,
 };
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method};
@@ -532,7 +532,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
                 "a JSON body is at most {limit} bytes"
             )));
         }
-        let mut body = BodyPieces::new(req, state);
+        let mut body = BodyPieces::new(req, state)?;
         // Grown as bytes come: an announced length is no reason to hold
         // memory for a client that may never send it.
         let mut bytes = Vec::with_capacity(declared.unwrap_or(0).min(16 * 1024));
@@ -567,14 +567,28 @@ pub struct BodyPieces {
 pub const BODY_PACE: usize = 16 * 1024;
 
 impl BodyPieces {
-    /// The pieces of `req`'s body.
-    pub fn new(req: Request, state: &AppState) -> BodyPieces {
-        BodyPieces {
+    /// The pieces of `req`'s body, refused (`415`) if it comes in a
+    /// content coding: bytes are taken and stored as sent, so a compressed
+    /// body would be parsed, or kept, as garbage.
+    pub fn new(req: Request, state: &AppState) -> ApiResult<BodyPieces> {
+        let coded = req
+            .headers()
+            .get_all(CONTENT_ENCODING)
+            .iter()
+            .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+            .any(|c| !c.trim().eq_ignore_ascii_case("identity"));
+        if coded {
+            return Err(ApiError::new(
+                Code::UnsupportedMediaType,
+                "send the body without Content-Encoding: the server takes no content coding",
+            ));
+        }
+        Ok(BodyPieces {
             stream: req.into_body().into_data_stream(),
             idle: state.config.body_idle,
             waited: std::time::Duration::ZERO,
             got: 0,
-        }
+        })
     }
 
     /// The next piece; `None` at the end.

@@ -285,6 +285,7 @@ impl From<Role> for tarn_engine::Role {
 
 /// One entry of an ACL.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Grant {
     /// Who.
     #[schema(value_type = PrincipalName)]

@@ -13,6 +13,7 @@ use utoipa::IntoParams;
 use crate::error::{
     ApiError, ApiResult, BadRequest, Code, Forbidden, NotFound, PayloadTooLarge,
     PreconditionFailed, RangeNotSatisfiable, ServiceUnavailable, Unauthorized,
+    UnsupportedMediaType,
 };
 use crate::extract::{Auth, BodyPieces, IfMatch, LinkKey, Path};
 use crate::json::{self, Bytes};
@@ -39,7 +40,7 @@ use crate::AppState;
             ("getBody" = (operation_id = "getBody", parameters(("id" = "$response.body#/id")))),
         )),
         BadRequest, Unauthorized, Forbidden, NotFound, PreconditionFailed, PayloadTooLarge,
-        ServiceUnavailable,
+        UnsupportedMediaType, ServiceUnavailable,
     ),
 )]
 pub async fn put(
@@ -70,11 +71,11 @@ pub async fn put(
             s.engine.config().max_body
         )));
     }
+    let mut body = BodyPieces::new(req, &s)?;
     let mut upload = s
         .engine
         .begin_body(&auth.caller, &id, key.as_deref(), &content_type)
         .await?;
-    let mut body = BodyPieces::new(req, &s);
     while let Some(piece) = body.next().await? {
         upload.write(&piece).await?;
     }

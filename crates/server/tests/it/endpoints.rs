@@ -886,7 +886,7 @@ async fn listings_indexes_and_cursors() {
         Method::PUT,
         "/api/v1/indexes/homes-by-name",
         Some(&admin),
-        Some(json!({"kind": "user-home"})),
+        Some(json!({"kind": "user-home", "sort": [{"field": "x", "order": "asc"}]})),
     )
     .await
     .expect(409);
@@ -1363,5 +1363,302 @@ async fn the_bearer_scheme_is_case_insensitive() {
             .body(Body::empty())
             .unwrap();
         app.raw(req).await.expect(401);
+    }
+}
+
+#[tokio::test]
+async fn bodies_in_a_content_coding_are_refused() {
+    let app = TestApp::new().await;
+    let alice = app.user("alice").await;
+    let id = app.item(&alice, "doc", json!({}), json!([])).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let send = |method: Method, uri: String, ct: &'static str, coding: &'static str| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {alice}"))
+            .header("content-type", ct)
+            .header("content-encoding", coding)
+            .body(Body::from("{\"kind\":\"doc\"}"))
+            .unwrap()
+    };
+    for coding in ["gzip", "br", "identity, gzip"] {
+        let r = app
+            .raw(send(
+                Method::POST,
+                "/api/v1/items".into(),
+                "application/json",
+                coding,
+            ))
+            .await
+            .expect(415);
+        r.assert_problem();
+        app.raw(send(
+            Method::PUT,
+            format!("/api/v1/items/{id}/body"),
+            "text/plain",
+            coding,
+        ))
+        .await
+        .expect(415);
+    }
+    // Nothing was stored as the coded bytes.
+    app.get(&format!("/api/v1/items/{id}/body"), Some(&alice))
+        .await
+        .expect(404);
+    app.raw(send(
+        Method::POST,
+        "/api/v1/items".into(),
+        "application/json",
+        "identity",
+    ))
+    .await
+    .expect(201);
+    app.raw(send(
+        Method::PUT,
+        format!("/api/v1/items/{id}/body"),
+        "text/plain",
+        "Identity",
+    ))
+    .await
+    .expect(200);
+}
+
+#[tokio::test]
+async fn acl_entries_take_only_principal_and_role() {
+    let app = TestApp::new().await;
+    let alice = app.user("alice").await;
+    app.user("bob").await;
+    let odd = json!([{"principal": "user:bob", "role": "viewer", "expires": "never"}]);
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/items",
+            Some(&alice),
+            Some(json!({"kind": "doc", "acl": odd})),
+        )
+        .await
+        .expect(400);
+    assert!(r.text().contains("expires"), "{}", r.text());
+    let id = app.item(&alice, "doc", json!({}), json!([])).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut acl = odd.as_array().unwrap().clone();
+    acl.push(json!({"principal": "user:alice", "role": "manager"}));
+    app.call(
+        Method::PUT,
+        &format!("/api/v1/items/{id}/acl"),
+        Some(&alice),
+        Some(json!({ "acl": acl })),
+    )
+    .await
+    .expect(400);
+}
+
+#[tokio::test]
+async fn index_declarations_of_no_use_are_refused() {
+    let app = TestApp::new().await;
+    let admin = app.admin().await;
+    for (body, says) in [
+        (json!({"kind": "doc"}), "sorts by at least one field"),
+        (
+            json!({"kind": "doc", "sort": []}),
+            "sorts by at least one field",
+        ),
+        (
+            json!({"kind": "doc", "text": []}),
+            "sorts by at least one field",
+        ),
+        (
+            json!({"kind": "doc", "sort": [{"field": "t", "order": "asc"}, {"field": "t", "order": "desc"}]}),
+            "sort field is named twice",
+        ),
+        (
+            json!({"kind": "doc", "text": [{"field": "createdBy"}]}),
+            "not a dot path into properties",
+        ),
+        (
+            json!({"kind": "doc", "text": [{"field": "modifiedAt"}]}),
+            "not a dot path into properties",
+        ),
+    ] {
+        let r = app
+            .call(
+                Method::PUT,
+                "/api/v1/indexes/odd",
+                Some(&admin),
+                Some(body.clone()),
+            )
+            .await
+            .expect(400);
+        assert!(r.text().contains(says), "{body}: {}", r.text());
+    }
+    app.get("/api/v1/indexes/odd", Some(&admin))
+        .await
+        .expect(404);
+}
+
+/// A dropped index's name is free at once, while its rows still go.
+#[tokio::test]
+async fn a_dropped_index_can_be_declared_again_at_once() {
+    let app = TestApp::new().await;
+    let admin = app.admin().await;
+    let alice = app.user("alice").await;
+    for i in 0..50 {
+        app.item(&alice, "doc", json!({"a": i, "b": -i}), json!([]))
+            .await;
+    }
+    let by = |f: &str| json!({"kind": "doc", "sort": [{"field": f, "order": "asc"}]});
+    for round in 0..3 {
+        let (old, new) = if round % 2 == 0 {
+            ("a", "b")
+        } else {
+            ("b", "a")
+        };
+        app.call(
+            Method::PUT,
+            "/api/v1/indexes/ix",
+            Some(&admin),
+            Some(by(old)),
+        )
+        .await
+        .expect(201);
+        app.wait_index(&admin, "ix").await;
+        app.call(Method::DELETE, "/api/v1/indexes/ix", Some(&admin), None)
+            .await
+            .expect(204);
+        app.call(Method::DELETE, "/api/v1/indexes/ix", Some(&admin), None)
+            .await
+            .expect(404);
+        let r = app
+            .call(
+                Method::PUT,
+                "/api/v1/indexes/ix",
+                Some(&admin),
+                Some(by(new)),
+            )
+            .await
+            .expect(201);
+        assert_eq!(r.json()["sort"][0]["field"], new);
+        app.wait_index(&admin, "ix").await;
+        let r = app
+            .get(
+                &format!("/api/v1/items?kind=doc&sort={new}&limit=3"),
+                Some(&alice),
+            )
+            .await
+            .expect(200)
+            .json();
+        let firsts: Vec<i64> = r["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["properties"][new].as_i64().unwrap())
+            .collect();
+        let want = if new == "a" {
+            vec![0, 1, 2]
+        } else {
+            vec![-49, -48, -47]
+        };
+        assert_eq!(firsts, want);
+        app.get(&format!("/api/v1/items?kind=doc&sort={old}"), Some(&alice))
+            .await
+            .expect(400);
+        app.call(Method::DELETE, "/api/v1/indexes/ix", Some(&admin), None)
+            .await
+            .expect(204);
+    }
+}
+
+/// A cursor works only on the route that handed it out.
+#[tokio::test]
+async fn cursors_of_one_route_are_refused_by_another() {
+    let app = TestApp::new().await;
+    let admin = app.admin().await;
+    let alice = app.user("alice").await;
+    for n in ["bob", "carol", "dave"] {
+        app.user(n).await;
+    }
+    app.call(
+        Method::POST,
+        "/api/v1/groups",
+        Some(&alice),
+        Some(json!({"id": "team"})),
+    )
+    .await
+    .expect(201);
+    for n in ["bob", "carol", "dave"] {
+        app.call(
+            Method::PUT,
+            &format!("/api/v1/groups/team/members/user:{n}"),
+            Some(&alice),
+            None,
+        )
+        .await
+        .expect(204);
+    }
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/doc-text",
+        Some(&admin),
+        Some(json!({"kind": "doc", "text": [{"field": "t"}]})),
+    )
+    .await
+    .expect(201);
+    app.wait_index(&admin, "doc-text").await;
+    for _ in 0..3 {
+        app.item(&alice, "doc", json!({"t": "brew"}), json!([]))
+            .await;
+    }
+    let next = |path: &str| {
+        let app = &app;
+        let alice = alice.clone();
+        let path = path.to_string();
+        async move {
+            let r = app.get(&path, Some(&alice)).await.expect(200).json();
+            r["next"].as_str().expect("a next page").to_string()
+        }
+    };
+    let cursors = [
+        (
+            "/api/v1/items?kind=doc&limit=1",
+            next("/api/v1/items?kind=doc&limit=1").await,
+        ),
+        (
+            "/api/v1/groups/team/members?limit=1",
+            next("/api/v1/groups/team/members?limit=1").await,
+        ),
+        (
+            "/api/v1/search?q=brew&kind=doc&limit=1",
+            next("/api/v1/search?q=brew&kind=doc&limit=1").await,
+        ),
+        ("/api/v1/changes", next("/api/v1/changes").await),
+    ];
+    for (own, cursor) in &cursors {
+        let sep = if own.contains('?') { '&' } else { '?' };
+        let param = if own.starts_with("/api/v1/changes") {
+            "since"
+        } else {
+            "cursor"
+        };
+        app.get(&format!("{own}{sep}{param}={cursor}"), Some(&alice))
+            .await
+            .expect(200);
+        for (other, _) in cursors.iter().filter(|(o, _)| o != own) {
+            let sep = if other.contains('?') { '&' } else { '?' };
+            let param = if other.starts_with("/api/v1/changes") {
+                "since"
+            } else {
+                "cursor"
+            };
+            let r = app
+                .get(&format!("{other}{sep}{param}={cursor}"), Some(&alice))
+                .await
+                .expect(400);
+            assert_eq!(r.json()["type"], "invalid-input", "{own} -> {other}");
+        }
     }
 }
