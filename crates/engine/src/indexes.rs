@@ -560,6 +560,22 @@ impl Engine {
                         "an index named {name} exists with another definition or is being dropped"
                     )));
                 }
+                let fields: BTreeSet<&String> = where_.iter().collect();
+                let twin = defs.defs.iter().find(|d| {
+                    !text.is_empty()
+                        && d.is_text()
+                        && d.state != IndexState::Dropping
+                        && d.kind.as_deref() == Some(kind)
+                        && d.where_.iter().collect::<BTreeSet<_>>() == fields
+                });
+                if let Some(twin) = twin {
+                    // A search is served by one text index: a second one
+                    // for the same searches would never be read.
+                    return Err(EngineError::Conflict(format!(
+                        "text index {} already serves searches of kind {kind} with these where fields; drop it first",
+                        twin.name
+                    )));
+                }
                 if defs.defs.len() >= MAX_INDEXES {
                     return Err(EngineError::Conflict(format!(
                         "at most {MAX_INDEXES} indexes"

@@ -173,6 +173,18 @@ async fn search_over_http() {
     )
     .await
     .expect(400);
+    // One text index serves a kind's searches with given where fields: a
+    // second would never be read.
+    let r = app
+        .call(
+            Method::PUT,
+            "/api/v1/indexes/doc-text-2",
+            Some(&admin),
+            Some(json!({"kind": "doc", "text": [{"field": "summary"}]})),
+        )
+        .await
+        .expect(409);
+    assert!(r.text().contains("doc-text"), "{}", r.text());
     // $body is a text field, never a category or a sort.
     for decl in [
         json!({"kind": "doc", "where": ["$body"], "text": [{"field": "t"}]}),
