@@ -35,6 +35,11 @@ pub(crate) struct Actor {
     /// Their user, `authenticated`, `everyone`, then every group they
     /// belong to, nearest first.
     pub principals: Vec<Principal>,
+    /// Groups of `principals` the caller joined after the change feed's
+    /// start, each with the feed's end when it joined (read in the
+    /// joining write's snapshot): a change at or before that cursor was
+    /// not the caller's to see through that group.
+    pub joined: Vec<(Principal, Vec<u8>)>,
     /// The user row and its revision, when signed in and the user exists.
     pub user: Option<(User, u64)>,
 }
@@ -55,6 +60,17 @@ impl Actor {
         }
     }
 
+    /// Whether a change at feed cursor `at` that names `p` was the
+    /// caller's to see through `p`: the caller holds `p` and, if it joined
+    /// `p` since the feed began, joined it before the change.
+    pub(crate) fn saw_through(&self, p: &Principal, at: &[u8]) -> bool {
+        self.principals.contains(p)
+            && self
+                .joined
+                .iter()
+                .all(|(g, since)| g != p || at > since.as_slice())
+    }
+
     /// Every group the caller belongs to.
     pub(crate) fn groups(&self) -> impl Iterator<Item = &str> {
         self.principals.iter().filter_map(|p| match p {
@@ -62,6 +78,20 @@ impl Actor {
             _ => None,
         })
     }
+}
+
+/// The value of a membership row: the change feed's end when it was
+/// written, after a `@` (rows written before it kept one are a mark).
+pub(crate) fn membership_value(feed_end: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(feed_end.len() + 1);
+    v.push(b'@');
+    v.extend_from_slice(feed_end);
+    v
+}
+
+/// The feed cursor a membership row holds, if it holds one.
+pub(crate) fn join_cursor(value: &[u8]) -> Option<Vec<u8>> {
+    value.strip_prefix(b"@").map(<[u8]>::to_vec)
 }
 
 /// The hash a session is stored under.
@@ -75,16 +105,29 @@ pub(crate) fn token_user(token: &str) -> Option<&str> {
     (crate::is_valid_name(user) && secret.len() >= 32).then_some(user)
 }
 
+/// A principal whose memberships a [`Walk`] is still to read.
+#[derive(Debug)]
+struct Step {
+    principal: String,
+    /// Where a paged read of its memberships stopped.
+    after: Option<Vec<u8>>,
+    /// The latest join cursor on the path to it.
+    path: Option<Vec<u8>>,
+}
+
 /// An upward walk of memberships: one level per read, nearest groups first,
 /// bounded in depth and size.
 #[derive(Debug)]
 pub(crate) struct Walk {
     /// Groups found, in the order found.
     pub found: Vec<String>,
+    /// For each of `found`, the feed's end when the walk's start came to
+    /// belong to it along the path found (the latest join on the path),
+    /// if any join on it recorded one.
+    pub joined: Vec<Option<Vec<u8>>>,
     seen: HashSet<String>,
-    /// Principals whose memberships are still to read, with where a paged
-    /// read stopped.
-    frontier: Vec<(String, Option<Vec<u8>>)>,
+    /// Principals whose memberships are still to read.
+    frontier: Vec<Step>,
     depth: usize,
     /// A direct membership of the start left out of the walk (its group is
     /// still found if reached through another).
@@ -98,8 +141,13 @@ impl Walk {
     pub(crate) fn from(start: &Principal) -> Walk {
         Walk {
             found: Vec::new(),
+            joined: Vec::new(),
             seen: HashSet::new(),
-            frontier: vec![(start.to_string(), None)],
+            frontier: vec![Step {
+                principal: start.to_string(),
+                after: None,
+                path: None,
+            }],
             depth: 0,
             except: None,
             truncated: false,
@@ -129,9 +177,9 @@ impl Walk {
         let per = self.per_scan();
         self.frontier
             .iter()
-            .map(|(p, after)| {
-                let lower = after.clone().map_or(Bound::Unbounded, Bound::Excluded);
-                Scan::partition(MEMBERSHIPS, p.as_bytes().to_vec(), per)
+            .map(|step| {
+                let lower = step.after.clone().map_or(Bound::Unbounded, Bound::Excluded);
+                Scan::partition(MEMBERSHIPS, step.principal.as_bytes().to_vec(), per)
                     .bounds(lower, Bound::Unbounded)
             })
             .collect()
@@ -142,7 +190,13 @@ impl Walk {
         let per = self.per_scan();
         let frontier = std::mem::take(&mut self.frontier);
         let mut next = Vec::new();
-        for ((principal, _), rows) in frontier.into_iter().zip(answers) {
+        for (
+            Step {
+                principal, path, ..
+            },
+            rows,
+        ) in frontier.into_iter().zip(answers)
+        {
             for row in rows {
                 let g = std::str::from_utf8(&row.clustering)
                     .map_err(|e| crate::error::corrupt("membership", e))?;
@@ -154,20 +208,38 @@ impl Walk {
                     continue;
                 }
                 if self.seen.contains(g) {
+                    // Reached another way: the caller belongs to it since
+                    // the earlier of the two ways.
+                    let other = path.clone().max(join_cursor(&row.value));
+                    if let Some(i) = self.found.iter().position(|f| f == g) {
+                        if other < self.joined[i] {
+                            self.joined[i] = other;
+                        }
+                    }
                     continue;
                 }
                 if self.found.len() >= MAX_GROUPS {
                     self.truncated = true;
                     break;
                 }
+                let joined = path.clone().max(join_cursor(&row.value));
                 self.seen.insert(g.to_string());
                 self.found.push(g.to_string());
-                next.push((format!("group:{g}"), None));
+                self.joined.push(joined.clone());
+                next.push(Step {
+                    principal: format!("group:{g}"),
+                    after: None,
+                    path: joined,
+                });
             }
             if rows.len() >= per && !self.truncated {
                 // More memberships than one read takes: page on.
                 let last = rows.last().map(|r| r.clustering.clone());
-                next.push((principal, last));
+                next.push(Step {
+                    principal,
+                    after: last,
+                    path,
+                });
             }
         }
         self.depth += 1;
@@ -318,6 +390,13 @@ impl Resolve {
     /// The resolved actor.
     pub(crate) fn finish(self) -> Actor {
         let principals = self.principals();
+        let joined = self.walk.as_ref().map_or_else(Vec::new, |w| {
+            w.found
+                .iter()
+                .zip(&w.joined)
+                .filter_map(|(g, j)| Some((Principal::Group(g.clone()), j.clone()?)))
+                .collect()
+        });
         if let Some(w) = &self.walk {
             if w.truncated {
                 tracing::warn!(
@@ -336,12 +415,14 @@ impl Resolve {
                 username: Some(username),
                 admin,
                 principals,
+                joined,
                 user,
             },
             _ => Actor {
                 username: None,
                 admin: false,
                 principals,
+                joined,
                 user: None,
             },
         }

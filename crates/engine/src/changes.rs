@@ -274,7 +274,7 @@ fn view(entry: &FeedEntry, row: &ChangeRow, actor: &Actor, kind: Option<&str>) -
     if kind.is_some_and(|k| k != item_kind) {
         return None;
     }
-    let mine = |ps: &[Principal]| ps.iter().any(|p| actor.principals.contains(p));
+    let mine = |ps: &[Principal]| ps.iter().any(|p| actor.saw_through(p, &entry.cursor));
     let (was, is) = (mine(before), mine(after));
     if !was && !is {
         return None;
@@ -340,7 +340,13 @@ fn touches(row: &ChangeRow, actor: &Actor) -> Option<Delta> {
 }
 
 /// `actor`'s principals moved by `delta`; `false` if the delta does not say.
+/// Applied at its entry's place: a group gained is the actor's from there.
 fn apply(actor: &mut Actor, delta: &Delta) -> bool {
+    if let Delta::Gained(groups) | Delta::Lost(groups) = delta {
+        actor
+            .joined
+            .retain(|(p, _)| !matches!(p, Principal::Group(g) if groups.contains(g)));
+    }
     match delta {
         Delta::Gained(groups) => {
             for g in groups {

@@ -14,8 +14,8 @@ use std::ops::Bound;
 use serde_json::{Map, Value};
 use tarn_store::{Batch, Expect, Key, Scan, Snapshot, SnapshotExt};
 
-use crate::actor::{Actor, MAX_DEPTH, MAX_GROUPS};
-use crate::changes::Delta;
+use crate::actor::{membership_value, Actor, MAX_DEPTH, MAX_GROUPS};
+use crate::changes::{Delta, CHANGES};
 use crate::error::{EngineError, Result};
 use crate::model::check_name;
 use crate::schema::{self, MEMBERS, MEMBERSHIPS, THROTTLE};
@@ -241,9 +241,9 @@ impl Engine {
                 Principal::Group(g) => schema::group_key(g),
                 _ => unreachable!("checked above"),
             };
-            let (actor, own) = self
-                .resolve(&mut snap, caller, &[schema::group_key(id), member_row], &[])
-                .await?;
+            let m = member.to_string();
+            let gets = [schema::group_key(id), member_row, membership_key(&m, id)];
+            let (actor, own) = self.resolve(&mut snap, caller, &gets, &[]).await?;
             actor.require_user()?;
             let (group, _) = decode_group(&own.rows[0])?.ok_or_else(|| no_group(id))?;
             if !manages(&actor, &group) {
@@ -300,11 +300,17 @@ impl Engine {
                     after.len()
                 )));
             }
+            // Where the feed ends before the member joins: changes up to
+            // there were never the member's through this group (a
+            // membership added again keeps its first).
+            let joined = match &own.rows[2] {
+                Some(row) => row.value.clone(),
+                None => membership_value(&snap.feed_end(CHANGES).await?),
+            };
             drop(snap);
-            let m = member.to_string();
             b.put(member_key(id, &m), schema::MARK.to_vec(), 1).put(
                 membership_key(&m, id),
-                schema::MARK.to_vec(),
+                joined,
                 1,
             );
             let gained = std::iter::once(id.to_string())
