@@ -187,7 +187,15 @@ impl Drop for Inner {
     }
 }
 
+/// The database file inside a data directory.
+const DB_FILE: &str = "tarn.sqlite";
+
 impl SqliteStore {
+    /// Whether `dir` holds a store (opening one creates it).
+    pub fn exists(dir: &Path) -> bool {
+        dir.join(DB_FILE).is_file()
+    }
+
     /// Opens (creating if needed) the store in `dir` with default options.
     pub fn open(dir: impl AsRef<Path>) -> StoreResult<SqliteStore> {
         SqliteStore::open_with(dir, SqliteOptions::default())
@@ -230,7 +238,7 @@ impl SqliteStore {
                 )))
             }
         }
-        let db = dir.join("tarn.sqlite");
+        let db = dir.join(DB_FILE);
         let mut writer = open_writer(&db, &options).map_err(map_err)?;
         let readers = options.readers.max(1);
         let (put, take) = crossbeam_channel::bounded(readers);

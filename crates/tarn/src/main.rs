@@ -580,6 +580,15 @@ async fn admin(args: AdminArgs) -> anyhow::Result<()> {
 
 async fn export(args: MoveArgs) -> anyhow::Result<()> {
     use std::io::Write;
+    // Opening an embedded store creates it: a mistyped directory would
+    // export an empty store and look like a backup.
+    let embedded = match args.store.as_deref() {
+        None => Some(args.data.as_path()),
+        Some(url) => url.strip_prefix("sqlite://").map(Path::new),
+    };
+    if let Some(dir) = embedded.filter(|d| !SqliteStore::exists(d)) {
+        bail!("{} holds no Tarn store: nothing to export", dir.display());
+    }
     let store = open_store(args.store.as_deref(), &args.data, sqlite_options(true)).await?;
     let engine = Engine::new(store, EngineConfig::default());
     let mut out: Box<dyn Write> = match &args.out {

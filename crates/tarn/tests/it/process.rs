@@ -340,6 +340,16 @@ fn export_and_import_move_a_data_directory() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A directory with no store is no backup: refused, and left alone.
+    let missing = from.path().join("mistyped");
+    let out = Command::new(TARN)
+        .args(["export", "--data"])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no Tarn store"));
+    assert!(!missing.exists());
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(text.lines().next().unwrap().contains("\"type\":\"index\""));
     assert!(text.contains("\"username\":\"dora\""));
