@@ -336,7 +336,8 @@ impl BodyUpload {
         }
         let (words, word_count) = match self.text.take() {
             Some(t) => {
-                crate::text::word_counts(&String::from_utf8_lossy(&t), crate::search::BODY_WORDS)
+                let cut = self.size > t.len() as u64;
+                crate::text::word_counts(&indexed_text(t, cut), crate::search::BODY_WORDS)
             }
             None => (Vec::new(), 0),
         };
@@ -472,4 +473,35 @@ impl BodyReader {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A textual body as its text index reads it: its first
+/// [`crate::search::BODY_TEXT`] bytes, and when the body goes on past
+/// them (`cut`), only up to the last whitespace before the cut, so that a
+/// word the cut split is not indexed as the fragment it left.
+fn indexed_text(mut text: Vec<u8>, cut: bool) -> String {
+    if cut {
+        let end = text
+            .iter()
+            .rposition(|b| b.is_ascii_whitespace())
+            .unwrap_or(0);
+        text.truncate(end);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cut_body_is_indexed_up_to_its_last_whole_word() {
+        assert_eq!(
+            super::indexed_text(b"plum cot plumcot".to_vec(), true),
+            "plum cot"
+        );
+        assert_eq!(
+            super::indexed_text(b"plum cot plumcot".to_vec(), false),
+            "plum cot plumcot"
+        );
+        assert_eq!(super::indexed_text(b"plumcotxyz".to_vec(), true), "");
+    }
 }

@@ -70,12 +70,19 @@ pub fn is_language(language: &str) -> bool {
 }
 
 /// Folds one word: compatibility decomposition, combining marks removed,
-/// lower case, recomposed; cut to [`MAX_TERM`] bytes.
+/// lower case (with the two folds of full case folding that lower case
+/// lacks: `ß` is `ss`, a final `ς` is `σ`), recomposed; cut to
+/// [`MAX_TERM`] bytes.
 pub fn fold(word: &str) -> String {
     let folded: String = word
         .nfkd()
         .filter(|c| !is_combining_mark(*c) && !c.is_control())
         .flat_map(char::to_lowercase)
+        .flat_map(|c| match c {
+            'ß' => ['s', 's'].into_iter().take(2),
+            'ς' => ['σ', 'σ'].into_iter().take(1),
+            c => [c, c].into_iter().take(1),
+        })
         .nfc()
         .collect();
     crate::keys::prefix(&folded, MAX_TERM).to_string()
@@ -239,6 +246,9 @@ mod tests {
             vec!["green", "tea", "green", "tea"]
         );
         assert_eq!(t("naïve résumé"), t("naive resume"));
+        // Full case folding where lower case stops short.
+        assert_eq!(t("Straße"), t("STRASSE"));
+        assert_eq!(t("ΟΔΟΣ"), t("οδος"));
         // Scripts without case or marks pass through; emoji and marks alone
         // make no word.
         assert!(words("日本語のテキスト").count() > 0);

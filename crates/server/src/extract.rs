@@ -298,15 +298,24 @@ impl IntoParams for LinkKey {
     }
 }
 
-/// Parses a query string into pairs.
+/// Parses a query string into pairs (`+` is a space, `%XX` a byte); a
+/// pair that does not decode to UTF-8 is refused, never read with
+/// replacement characters.
 pub fn serde_urlencoded_pairs(query: &str) -> ApiResult<Vec<(String, String)>> {
-    axum::extract::Query::<Vec<(String, String)>>::try_from_uri(
-        &format!("/?{query}")
-            .parse()
-            .map_err(|_| ApiError::invalid("malformed query string"))?,
-    )
-    .map(|q| q.0)
-    .map_err(|_| ApiError::invalid("malformed query string"))
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(&s.replace('+', " "))
+            .decode_utf8()
+            .map(|c| c.into_owned())
+            .map_err(|_| ApiError::invalid("the query string does not decode to UTF-8"))
+    };
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            Ok((decode(k)?, decode(v)?))
+        })
+        .collect()
 }
 
 /// `If-Match: "<version>"`; `*` or absent means any version.

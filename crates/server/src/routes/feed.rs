@@ -71,6 +71,8 @@ fn feed_query(
                         .map_err(|_| ApiError::invalid("limit must be a number from 1 to 1000"))?,
                 )
             }
+            // A link key opens its one item, never a feed: taken and ignored.
+            ("key", _) => {}
             (other, _) => return Err(ApiError::invalid(format!("unknown parameter {other}"))),
         }
     }

@@ -365,6 +365,9 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ListParams {
                 }
                 "cursor" if q.cursor.is_some() => return Err(dup()),
                 "cursor" => q.cursor = Some(v),
+                // A link key opens its one item, never a listing: taken
+                // (clients send it everywhere) and ignored.
+                "key" => {}
                 "scope" if q.scope.is_some() => return Err(dup()),
                 "scope" => {
                     q.scope = Some(match v.as_str() {

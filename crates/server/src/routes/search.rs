@@ -106,6 +106,9 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SearchParams {
                 }
                 "cursor" if p.cursor.is_some() => return Err(dup()),
                 "cursor" => p.cursor = Some(v),
+                // A link key opens its one item, never a search: taken
+                // (clients send it everywhere) and ignored.
+                "key" => {}
                 other => match other.strip_prefix("where.") {
                     Some(field) if !field.is_empty() => {
                         if p.where_.iter().any(|(f, _)| f == field) {

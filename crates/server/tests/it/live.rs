@@ -151,6 +151,43 @@ async fn search_over_http() {
     )
     .await
     .expect(201);
+    // Bytes that are no UTF-8 are refused, not read as replacement marks.
+    for bad in ["%FF", "%ED%A0%80", "ok%C3"] {
+        let r = app
+            .get(&format!("/api/v1/search?q={bad}&kind=doc"), Some(&ann))
+            .await
+            .expect(400);
+        assert!(r.text().contains("UTF-8"), "{}", r.text());
+    }
+    // A link key opens its item, never a search, a listing or the feed:
+    // sent along, it is taken and changes nothing.
+    let secret = app
+        .item(&ann, "doc", json!({"title": "linked oolong"}), json!([]))
+        .await;
+    let link = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/items/{}/links", secret["id"].as_str().unwrap()),
+            Some(&ann),
+            Some(json!({"role": "viewer"})),
+        )
+        .await
+        .expect(201)
+        .json();
+    let key = link["key"].as_str().unwrap();
+    for path in [
+        format!("/api/v1/search?q=oolong&kind=doc&key={key}"),
+        format!("/api/v1/items?kind=doc&key={key}"),
+    ] {
+        let r = app.get(&path, Some(&bob)).await.expect(200).json();
+        assert!(
+            !r.to_string().contains(secret["id"].as_str().unwrap()),
+            "{path}: {r}"
+        );
+    }
+    app.get(&format!("/api/v1/changes?key={key}"), Some(&bob))
+        .await
+        .expect(200);
     for odd in ["%F0%9F%8D%B5", "%D7%A9%D7%9C%D7%95%D7%9D", "%00", "e%CC%81"] {
         app.get(&format!("/api/v1/search?q={odd}&kind=doc"), Some(&ann))
             .await
