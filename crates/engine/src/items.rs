@@ -51,7 +51,7 @@ impl<'a> ItemWant<'a> {
 }
 
 /// Most grants in one ACL.
-const MAX_GRANTS: usize = 256;
+pub(crate) const MAX_GRANTS: usize = 256;
 /// Most links one item has at once.
 const MAX_LINKS: usize = 100;
 
@@ -572,7 +572,7 @@ impl Engine {
     }
 }
 
-fn too_many_grants() -> EngineError {
+pub(crate) fn too_many_grants() -> EngineError {
     EngineError::InvalidInput(format!("an ACL holds at most {MAX_GRANTS} grants"))
 }
 

@@ -13,15 +13,17 @@
 //! An export reads in fresh snapshots batch by batch: for an exact copy,
 //! export a store no one writes to.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
+
+use sha2::Digest;
 
 use serde::{Deserialize, Serialize};
 use tarn_store::{Batch, Expect, Key, Scan, SnapshotExt};
 
 use crate::error::{EngineError, Result};
 use crate::indexes::{IndexDef, IndexState};
-use crate::schema::{self, ItemRow, BLOBS, GROUPS, ITEMS, MEMBERS, USERS};
+use crate::schema::{self, ItemRow, BLOBS, GROUPS, ITEMS, MEMBERS, META, USERS};
 use crate::{b64, unb64, Engine, Group, Item, Principal, Role, User};
 
 /// Rows one export batch reads.
@@ -255,8 +257,49 @@ impl Engine {
             defs: None,
             declared: Vec::new(),
             batch: Batch::new(),
+            fresh: BTreeSet::new(),
+            body: None,
             moved: Moved::default(),
         }
+    }
+
+    /// Whether an import into this store began and did not finish: the
+    /// store holds part of a file, and must be emptied before it serves or
+    /// takes another import.
+    pub async fn import_unfinished(&self) -> Result<bool> {
+        let key = unfinished_key();
+        self.retrying(|| async { Ok(self.snapshot().await?.get(&key).await?.is_some()) })
+            .await
+    }
+}
+
+/// The row an import holds while it runs, gone once it finished whole.
+fn unfinished_key() -> Key {
+    Key::new(META, b"import".to_vec(), b"unfinished".to_vec())
+}
+
+/// A body whose chunks an import is reading (they come right after their
+/// item), checked against the item's size and hash once they end.
+struct BodyCheck {
+    item: String,
+    blob: String,
+    size: u64,
+    sha256: String,
+    next: u64,
+    got: u64,
+    hasher: sha2::Sha256,
+}
+
+impl BodyCheck {
+    fn end(self) -> Result<()> {
+        let sha: String = hex(&self.hasher.finalize());
+        if self.got != self.size || sha != self.sha256 {
+            return Err(EngineError::InvalidInput(format!(
+                "the body of item {} does not match it: {} bytes with SHA-256 {sha}, where the item says {} bytes with {}",
+                self.item, self.got, self.size, self.sha256
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -267,6 +310,9 @@ pub struct Importer {
     defs: Option<crate::indexes::Defs>,
     declared: Vec<IndexDef>,
     batch: Batch,
+    /// The user, group and item rows `batch` creates: none may exist.
+    fresh: BTreeSet<Key>,
+    body: Option<BodyCheck>,
     moved: Moved,
 }
 
@@ -284,6 +330,12 @@ impl Importer {
             self.declared.push(index);
             return Ok(());
         }
+        if let Record::Chunk { blob, n, data } = &record {
+            return self.chunk(blob, *n, data).await;
+        }
+        if let Some(body) = self.body.take() {
+            body.end()?;
+        }
         let defs = match &self.defs {
             Some(d) => d.clone(),
             None => {
@@ -298,14 +350,27 @@ impl Importer {
             Record::User { user } => {
                 crate::model::check_name("username", &user.username)?;
                 let key = schema::user_key(&user.username);
+                fresh(&mut self.fresh, &key, "user", &user.username)?;
                 b.put(key, schema::encode(&user), 1);
             }
             Record::Group { group } => {
                 crate::model::check_name("group id", &group.id)?;
-                b.put(schema::group_key(&group.id), schema::encode(&group), 1);
+                let key = schema::group_key(&group.id);
+                fresh(&mut self.fresh, &key, "group", &group.id)?;
+                b.put(key, schema::encode(&group), 1);
             }
             Record::Member { group, member } => {
                 crate::model::check_name("group id", &group)?;
+                if !matches!(member, Principal::User(_) | Principal::Group(_)) {
+                    return Err(EngineError::InvalidInput(format!(
+                        "{member} cannot be a member of a group"
+                    )));
+                }
+                if member == Principal::Group(group.clone()) {
+                    return Err(EngineError::InvalidInput(format!(
+                        "group {group} cannot contain itself"
+                    )));
+                }
                 let m = member.to_string();
                 b.put(
                     Key::new(MEMBERS, group.as_bytes(), m.as_bytes()),
@@ -324,6 +389,24 @@ impl Importer {
                     return Err(EngineError::InvalidInput(
                         "an item id of 1 to 64 bytes".into(),
                     ));
+                }
+                check_item(&self.engine, &item)?;
+                fresh(
+                    &mut self.fresh,
+                    &schema::item_key(&item.id),
+                    "item",
+                    &item.id,
+                )?;
+                if let Some(body) = &item.body {
+                    self.body = Some(BodyCheck {
+                        item: item.id.clone(),
+                        blob: body.blob.clone(),
+                        size: body.size,
+                        sha256: body.sha256.clone(),
+                        next: 0,
+                        got: 0,
+                        hasher: sha2::Sha256::new(),
+                    });
                 }
                 defs.apply_diff(b, None, Some(&item), self.engine.split());
                 b.put(
@@ -349,12 +432,39 @@ impl Importer {
                     1,
                 );
             }
-            Record::Chunk { blob, n, data } => {
-                let bytes = unb64(&data)
-                    .ok_or_else(|| EngineError::InvalidInput("chunk data is base64url".into()))?;
-                b.put(schema::chunk_key(&blob, n), bytes, 1);
-            }
+            Record::Chunk { .. } => unreachable!("handled above"),
         }
+        self.flush_when_full().await
+    }
+
+    /// Adds a chunk of the body of the item just added, in order.
+    async fn chunk(&mut self, blob: &str, n: u64, data: &str) -> Result<()> {
+        let body = self
+            .body
+            .as_mut()
+            .filter(|b| b.blob == blob && b.next == n)
+            .ok_or_else(|| {
+                EngineError::InvalidInput(format!(
+                    "chunk {n} of blob {blob} does not come next: a body's chunks follow its item, in order"
+                ))
+            })?;
+        let bytes = unb64(data)
+            .ok_or_else(|| EngineError::InvalidInput("chunk data is base64url".into()))?;
+        body.next += 1;
+        body.got += bytes.len() as u64;
+        if body.got > body.size {
+            return Err(EngineError::InvalidInput(format!(
+                "the body of item {} is longer than its size, {}",
+                body.item, body.size
+            )));
+        }
+        body.hasher.update(&bytes);
+        self.batch.put(schema::chunk_key(blob, n), bytes, 1);
+        self.flush_when_full().await
+    }
+
+    async fn flush_when_full(&mut self) -> Result<()> {
+        let b = &self.batch;
         let size: usize = b
             .ops
             .iter()
@@ -369,21 +479,51 @@ impl Importer {
         Ok(())
     }
 
-    /// Writes what is pending and answers what went across.
+    /// Writes what is pending, checks that what was imported holds
+    /// together, and answers what went across. Until it answers, the store
+    /// is marked as holding an unfinished import.
     pub async fn finish(mut self) -> Result<Moved> {
         if self.defs.is_none() {
             self.declare().await?;
         }
+        if let Some(body) = self.body.take() {
+            body.end()?;
+        }
         self.flush().await?;
+        self.engine.check_imported().await?;
+        let engine = &self.engine;
+        engine
+            .retrying(|| async {
+                let mut b = Batch::new();
+                b.delete(unfinished_key());
+                Ok(engine.store().write(b).await?)
+            })
+            .await?;
         Ok(self.moved)
     }
 
+    /// Writes what is pending, unless it would create a user, group or
+    /// item the store already holds.
     async fn flush(&mut self) -> Result<()> {
         let b = std::mem::take(&mut self.batch);
+        let fresh: Vec<Key> = std::mem::take(&mut self.fresh).into_iter().collect();
         if b.is_empty() {
             return Ok(());
         }
         let engine = &self.engine;
+        let held = engine
+            .retrying(|| async {
+                let mut snap = engine.snapshot().await?;
+                Ok(crate::read(&mut snap, &fresh, &[]).await?.rows)
+            })
+            .await?;
+        if let Some((key, _)) = fresh.iter().zip(&held).find(|(_, r)| r.is_some()) {
+            return Err(EngineError::InvalidInput(format!(
+                "{} {} comes twice",
+                key.table.name(),
+                String::from_utf8_lossy(&key.partition)
+            )));
+        }
         engine
             .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
             .await
@@ -393,6 +533,14 @@ impl Importer {
     /// item), with fresh uids; answers them.
     async fn declare(&mut self) -> Result<crate::indexes::Defs> {
         let engine = self.engine.clone();
+        // First of all, the mark of an import under way (and only one).
+        let mark = unfinished_key();
+        let mut b = Batch::new();
+        b.put(mark.clone(), schema::MARK.to_vec(), 1)
+            .guard(mark, Expect::Absent);
+        engine
+            .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
+            .await?;
         let mut b = Batch::new();
         for d in &self.declared {
             let mut d = d.clone();
@@ -410,5 +558,118 @@ impl Importer {
                 .await?;
         }
         engine.retrying(|| engine.read_defs()).await
+    }
+}
+
+/// Notes that the batch creates `key`; refused when it already does.
+fn fresh(keys: &mut BTreeSet<Key>, key: &Key, what: &str, name: &str) -> Result<()> {
+    if !keys.insert(key.clone()) {
+        return Err(EngineError::InvalidInput(format!(
+            "{what} {name} comes twice"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses an item no write of the API could have made.
+fn check_item(engine: &Engine, item: &Item) -> Result<()> {
+    engine.check_properties(item.properties.map())?;
+    if item.acl.len() > crate::items::MAX_GRANTS {
+        return Err(crate::items::too_many_grants());
+    }
+    if !item.acl.iter().any(|g| g.role == Role::Manager) {
+        return Err(EngineError::InvalidInput(format!(
+            "item {} has no manager",
+            item.id
+        )));
+    }
+    Ok(())
+}
+
+impl Engine {
+    /// Checks, after an import, that what it wrote holds together: every
+    /// membership names a group and a principal that exist, every ACL
+    /// principals that exist, every link an item that exists, and no group
+    /// contains itself or nests past the bounds. One pass in bounded
+    /// batches.
+    async fn check_imported(&self) -> Result<()> {
+        let mut cursor: Option<Vec<u8>> = None;
+        loop {
+            let (rows, next) = self
+                .retrying(|| async {
+                    let mut snap = self.snapshot().await?;
+                    Ok(snap.scan_all(cursor.as_deref(), BATCH).await?)
+                })
+                .await?;
+            let mut needs: Vec<(Key, String)> = Vec::new();
+            let mut groups = Vec::new();
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            for (key, row) in &rows {
+                if key.table == MEMBERS {
+                    let (group, member) = (text(&key.partition), text(&key.clustering));
+                    let what = format!("membership of {member} in {group}");
+                    needs.push((schema::group_key(&group), what.clone()));
+                    let member: Principal = member.parse()?;
+                    needs.extend(principal_key(&member).map(|k| (k, what)));
+                } else if key.table == ITEMS && key.clustering == schema::ITEM_ROW {
+                    let item = ItemRow::decode_checked(row)?.item;
+                    for g in &item.acl {
+                        let what = format!("ACL of item {}", item.id);
+                        needs.extend(principal_key(&g.principal).map(|k| (k, what)));
+                    }
+                } else if key.table == ITEMS && key.clustering.first() == Some(&b'l') {
+                    let id = text(&key.partition);
+                    needs.push((schema::item_key(&id), format!("link of item {id}")));
+                } else if key.table == GROUPS {
+                    groups.push(text(&key.partition));
+                }
+            }
+            let keys: Vec<Key> = needs.iter().map(|(k, _)| k.clone()).collect();
+            let found = self
+                .retrying(|| async {
+                    let mut snap = self.snapshot().await?;
+                    Ok(crate::read(&mut snap, &keys, &[]).await?.rows)
+                })
+                .await?;
+            if let Some(((key, what), _)) = needs.iter().zip(&found).find(|(_, r)| r.is_none()) {
+                return Err(EngineError::InvalidInput(format!(
+                    "the {what} names {} {}, which the file does not hold",
+                    key.table.name(),
+                    text(&key.partition)
+                )));
+            }
+            for g in groups {
+                let start = Principal::Group(g.clone());
+                let walk = self
+                    .retrying(|| async {
+                        let mut snap = self.snapshot().await?;
+                        self.groups_of(&mut snap, &start).await
+                    })
+                    .await?;
+                if walk.found.contains(&g) {
+                    return Err(EngineError::InvalidInput(format!(
+                        "group {g} contains itself through its memberships"
+                    )));
+                }
+                if walk.truncated {
+                    return Err(EngineError::InvalidInput(format!(
+                        "group {g} belongs to more groups, or nests deeper, than the bounds allow"
+                    )));
+                }
+            }
+            match next {
+                Some(n) => cursor = Some(n),
+                None => return Ok(()),
+            }
+        }
+    }
+}
+
+/// The row a user or group principal is stored in.
+fn principal_key(p: &Principal) -> Option<Key> {
+    match p {
+        Principal::User(u) => Some(schema::user_key(u)),
+        Principal::Group(g) => Some(schema::group_key(g)),
+        Principal::Everyone | Principal::Authenticated => None,
     }
 }

@@ -441,6 +441,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let store = open_store(store_url.as_deref(), &data, sqlite_options(false)).await?;
     let state = AppState::new(store, engine_config, server_config);
+    if state.engine.import_unfinished().await? {
+        bail!("{PARTIAL}: serving it would serve part of a file");
+    }
     if let Ok(password) = std::env::var("TARN_ADMIN_PASSWORD") {
         state
             .engine
@@ -608,10 +611,16 @@ async fn export(args: MoveArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a store left by a failed import is told to be.
+const PARTIAL: &str = "the store holds an import that did not finish: empty it (the embedded store: remove its directory) and import again";
+
 async fn import(args: MoveArgs) -> anyhow::Result<()> {
     use std::io::BufRead;
     let store = open_store(args.store.as_deref(), &args.data, sqlite_options(true)).await?;
     let engine = Engine::new(store, EngineConfig::default());
+    if engine.import_unfinished().await? {
+        bail!("{PARTIAL}");
+    }
     if !engine.is_empty().await? {
         bail!("the target store already holds users, groups or items: import into an empty one");
     }
@@ -622,19 +631,25 @@ async fn import(args: MoveArgs) -> anyhow::Result<()> {
         None => Box::new(std::io::BufReader::new(std::io::stdin().lock())),
     };
     let mut importer = engine.importer();
+    let failed = |at: String| {
+        format!("{at}; the store now holds part of the file, so empty it (the embedded store: remove its directory) before importing again")
+    };
     for (n, line) in input.lines().enumerate() {
         let line = line?;
         if line.trim().is_empty() {
             continue;
         }
         let record: tarn_engine::Record = serde_json::from_str(&line)
-            .with_context(|| format!("line {}: not a record of tarn export", n + 1))?;
+            .with_context(|| failed(format!("line {}: not a record of tarn export", n + 1)))?;
         importer
             .add(record)
             .await
-            .with_context(|| format!("line {}", n + 1))?;
+            .with_context(|| failed(format!("line {}", n + 1)))?;
     }
-    let moved = importer.finish().await?;
+    let moved = importer
+        .finish()
+        .await
+        .with_context(|| failed("the file does not hold together".into()))?;
     eprintln!("imported {}", serde_json::to_string(&moved.records)?);
     Ok(())
 }

@@ -313,3 +313,120 @@ async fn a_store_moves_from_sqlite_to_postgres_to_cassandra_and_back_to_sqlite()
     move_store(&cassandra, &back).await;
     assert_eq!(view(&back, &ids, &link, &linked).await, before);
 }
+
+/// Imports `lines` into a fresh store: the first error, from a record or
+/// from the check at the end, and whether the store says it holds an
+/// unfinished import.
+async fn import_lines(lines: &[String]) -> (Option<String>, bool) {
+    let e = common::memory();
+    let mut imp = e.importer();
+    let mut failed = None;
+    for l in lines {
+        let r: Record = serde_json::from_str(l).unwrap();
+        if let Err(err) = imp.add(r).await {
+            failed = Some(err.to_string());
+            break;
+        }
+    }
+    if failed.is_none() {
+        failed = imp.finish().await.err().map(|e| e.to_string());
+    }
+    (failed, e.import_unfinished().await.unwrap())
+}
+
+/// An import checks what it takes: a body against its size and hash, that
+/// memberships, ACLs and links name what the file holds, that no user,
+/// group or item comes twice and no group contains itself. One that fails
+/// leaves the store marked as holding part of a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_refuse_files_that_do_not_hold_together() {
+    let source = common::memory();
+    fill(&source).await;
+    let mut lines = Vec::new();
+    source
+        .export(|r| {
+            lines.push(serde_json::to_string(r).unwrap());
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(import_lines(&lines).await, (None, false), "the file as is");
+    let chunks: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].contains("\"type\":\"chunk\""))
+        .collect();
+    assert!(chunks.len() >= 2, "a body of several chunks");
+    let altered = |i: usize, f: &dyn Fn(&str) -> String| {
+        let mut l = lines.clone();
+        l[i] = f(&l[i]);
+        l
+    };
+    let appended = |extra: &str| {
+        let mut l = lines.clone();
+        l.push(extra.to_string());
+        l
+    };
+    let first_user = lines
+        .iter()
+        .position(|l| l.contains("\"type\":\"user\""))
+        .unwrap();
+    let shared_with_cat = lines
+        .iter()
+        .position(|l| l.contains("\"type\":\"item\"") && l.contains("user:cat"))
+        .unwrap();
+    let flip = |l: &str| {
+        // One base64url digit of the data changed: the same length, other
+        // bytes.
+        let at = l.find("\"data\":\"").unwrap() + 20;
+        let c = if &l[at..=at] == "A" { "B" } else { "A" };
+        format!("{}{c}{}", &l[..at], &l[at + 1..])
+    };
+    let mut dropped = lines.clone();
+    dropped.remove(chunks[1]);
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        (
+            "a chunk altered",
+            altered(chunks[0], &flip),
+            "does not match",
+        ),
+        ("a chunk missing", dropped, "does not"),
+        (
+            "a member of no group",
+            appended(r#"{"type":"member","group":"nogroup","member":"user:bob"}"#),
+            "nogroup",
+        ),
+        (
+            "a member no one is",
+            appended(r#"{"type":"member","group":"inner","member":"user:ghost"}"#),
+            "ghost",
+        ),
+        (
+            "a cycle",
+            appended(r#"{"type":"member","group":"inner","member":"group:outer"}"#),
+            "contains itself",
+        ),
+        (
+            "a user twice",
+            appended(&lines[first_user].replace("\"admin\":false", "\"admin\":true")),
+            "twice",
+        ),
+        (
+            "a link of no item",
+            appended(&format!(
+                r#"{{"type":"link","item":"nope","hash":"{}","role":"viewer"}}"#,
+                "ab".repeat(32)
+            )),
+            "nope",
+        ),
+        (
+            "an ACL naming no one",
+            altered(shared_with_cat, &|l| l.replace("user:cat", "user:ghost")),
+            "ghost",
+        ),
+    ];
+    for (what, file, says) in cases {
+        let (failed, unfinished) = import_lines(&file).await;
+        let failed = failed.unwrap_or_else(|| panic!("{what}: imported"));
+        assert!(failed.contains(says), "{what}: {failed}");
+        assert!(unfinished, "{what}: the store says it holds part of a file");
+    }
+}

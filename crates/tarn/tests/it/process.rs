@@ -373,6 +373,43 @@ fn export_and_import_move_a_data_directory() {
     let again = import(to.path());
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("empty"));
+    // A file that does not hold together (a member of a group it lacks)
+    // fails at its end, and leaves a store that says so: it neither serves
+    // nor takes another import.
+    let bad = from.path().join("bad.ndjson");
+    std::fs::write(
+        &bad,
+        format!("{text}{{\"type\":\"member\",\"group\":\"nogroup\",\"member\":\"user:dora\"}}\n"),
+    )
+    .unwrap();
+    let partial = tempfile::tempdir().unwrap();
+    let bad_import = || {
+        Command::new(TARN)
+            .args(["import", "--data"])
+            .arg(partial.path())
+            .arg("--in")
+            .arg(&bad)
+            .output()
+            .unwrap()
+    };
+    let out = bad_import();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("nogroup") && said.contains("part of the file"),
+        "{said}"
+    );
+    let out = bad_import();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("did not finish"), "{said}");
+    let out = Command::new(TARN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(partial.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("did not finish"));
     // The moved store serves: dora signs in, the index is there and ready.
     let (mut child, addr) = crate::http::spawn_serve(|c| {
         c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
