@@ -89,6 +89,11 @@ pub struct SqliteOptions {
     pub checkpoint_every: Duration,
     /// WAL pages past which the WAL is restarted.
     pub checkpoint_pages: u32,
+    /// Whether readers map the database file. Faster reads for a server;
+    /// but every page a reader touches then counts in the process's
+    /// resident memory, so a tool that reads the whole store once (export,
+    /// import's check) reads without the map to stay small.
+    pub map: bool,
 }
 
 impl Default for SqliteOptions {
@@ -102,6 +107,7 @@ impl Default for SqliteOptions {
             reader_wait: Duration::from_secs(1),
             checkpoint_every: Duration::from_millis(200),
             checkpoint_pages: 16384,
+            map: true,
         }
     }
 }
@@ -454,7 +460,9 @@ fn open_reader(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
     // store's VFS keeps the map across commits (`vfs`); with SQLite's own,
     // every such transaction dropped and made the whole map again, and
     // readers beside uploads did worse with a map than without.
-    conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
+    if options.map {
+        conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
+    }
     Ok(conn)
 }
 

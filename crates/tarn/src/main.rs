@@ -317,6 +317,7 @@ fn sqlite_options(moving: bool) -> SqliteOptions {
     if moving {
         SqliteOptions {
             readers: 2,
+            map: false,
             ..SqliteOptions::default()
         }
     } else {
