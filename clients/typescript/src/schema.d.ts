@@ -2138,7 +2138,7 @@ export interface operations {
             header?: {
                 /** @description A link key of this item, instead of ?key= */
                 "Tarn-Link-Key"?: string;
-                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a weak tag (`W/"3"`) never matches (412) */
+                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
             };
             path: {
@@ -2223,7 +2223,7 @@ export interface operations {
             header?: {
                 /** @description A link key of this item, instead of ?key= */
                 "Tarn-Link-Key"?: string;
-                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a weak tag (`W/"3"`) never matches (412) */
+                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
             };
             path: {
@@ -2335,7 +2335,7 @@ export interface operations {
             header?: {
                 /** @description A link key of this item, instead of ?key= */
                 "Tarn-Link-Key"?: string;
-                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a weak tag (`W/"3"`) never matches (412) */
+                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
             };
             path: {
@@ -2549,7 +2549,7 @@ export interface operations {
             header?: {
                 /** @description A link key of this item, instead of ?key= */
                 "Tarn-Link-Key"?: string;
-                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a weak tag (`W/"3"`) never matches (412) */
+                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
             };
             path: {

@@ -104,6 +104,8 @@ pub(crate) fn corrupt(what: &str, e: impl std::fmt::Display) -> EngineError {
 fn asked(expected: u64) -> String {
     if expected == crate::WEAK_TAG {
         ", and If-Match compares strongly: a weak ETag (W/) never matches".into()
+    } else if expected == crate::FOREIGN_TAG {
+        ", and If-Match named no ETag this server gives".into()
     } else {
         format!(", not {expected}")
     }

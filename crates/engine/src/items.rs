@@ -581,6 +581,10 @@ pub(crate) fn too_many_grants() -> EngineError {
 /// other mismatch.
 pub const WEAK_TAG: u64 = u64::MAX;
 
+/// The `if_match` of a strong ETag this server never gives (`"abc"`): it
+/// matches no version either.
+pub const FOREIGN_TAG: u64 = u64::MAX - 1;
+
 pub(crate) fn check_version(item: &Item, if_match: Option<u64>) -> Result<()> {
     match if_match {
         Some(v) if v != item.version => Err(EngineError::VersionMismatch {

@@ -328,33 +328,71 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
         let Some(v) = parts.headers.get(IF_MATCH) else {
             return Ok(IfMatch(None));
         };
-        let bad = || ApiError::invalid("If-Match takes one ETag of this server, like \"3\"");
+        let bad =
+            || ApiError::invalid("If-Match takes ETags, like \"3\" (or a bare version, 3, or *)");
         let v = v.to_str().map_err(|_| bad())?.trim();
         if v == "*" {
             return Ok(IfMatch(None));
         }
-        // If-Match compares strongly (RFC 9110, 13.1.1): a weak tag never
-        // matches, whatever its version.
-        let weak = v.starts_with("W/");
-        let tag = v.strip_prefix("W/").unwrap_or(v);
-        // A bare version (`3`) is taken as the ETag `"3"`.
-        let version = match tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
-            Some(quoted) => quoted,
-            None if tag.len() == v.len() => tag,
-            None => return Err(bad()),
-        };
-        if version.is_empty() || version.len() > 19 || !version.bytes().all(|b| b.is_ascii_digit())
-        {
-            return Err(bad());
+        // Any listed tag may match (RFC 9110, 13.1.1), compared strongly:
+        // a weak tag, or one this server never gives, never matches; so a
+        // list names at most one version the item could be at.
+        let mut version = None;
+        let mut never = tarn_engine::FOREIGN_TAG;
+        for tag in v.split(',').map(str::trim) {
+            match parse_etag(tag).ok_or_else(bad)? {
+                Tag::Version(n) if version.is_some_and(|v| v != n) => {
+                    return Err(ApiError::invalid(
+                        "If-Match names two versions; an item is at one",
+                    ))
+                }
+                Tag::Version(n) => version = Some(n),
+                Tag::Weak => never = tarn_engine::WEAK_TAG,
+                Tag::Foreign => {}
+            }
         }
-        let version: u64 = version.parse().map_err(|_| bad())?;
         // Refused by the engine once the caller may know the item exists.
-        Ok(IfMatch(Some(if weak {
-            tarn_engine::WEAK_TAG
-        } else {
-            version
-        })))
+        Ok(IfMatch(Some(version.unwrap_or(never))))
     }
+}
+
+/// One entity tag of an `If-Match`.
+enum Tag {
+    /// A strong tag of this server's: a version.
+    Version(u64),
+    /// A weak tag (`W/"3"`).
+    Weak,
+    /// A strong tag this server never gives (`"abc"`).
+    Foreign,
+}
+
+/// Parses `"3"`, `W/"3"`, `"abc"`, or a bare version (`3`, taken as the
+/// ETag `"3"`); `None` when it is no entity tag.
+fn parse_etag(tag: &str) -> Option<Tag> {
+    let weak = tag.starts_with("W/");
+    let t = tag.strip_prefix("W/").unwrap_or(tag);
+    let opaque = match t.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        Some(quoted) => quoted,
+        None if !weak && !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => t,
+        None => return None,
+    };
+    // etagc: any visible character but the quote (RFC 9110, 8.8.3).
+    if opaque
+        .bytes()
+        .any(|b| b == b'"' || !(0x21..=0x7e).contains(&b))
+    {
+        return None;
+    }
+    let digits = !opaque.is_empty() && opaque.bytes().all(|b| b.is_ascii_digit());
+    let version = (digits && opaque.len() <= 19)
+        .then(|| opaque.parse::<u64>().ok())
+        .flatten()
+        .filter(|&n| n < tarn_engine::FOREIGN_TAG);
+    Some(match (weak, version) {
+        (true, _) => Tag::Weak,
+        (false, Some(n)) => Tag::Version(n),
+        (false, None) => Tag::Foreign,
+    })
 }
 
 impl IntoParams for IfMatch {
@@ -364,7 +402,7 @@ impl IntoParams for IfMatch {
             .parameter_in(ParameterIn::Header)
             .required(Required::False)
             .description(Some(
-                "Change only if the item is at this version: its ETag (`\"3\"`), or the bare version (`3`); `*` means any; a weak tag (`W/\"3\"`) never matches (412)",
+                "Change only if the item is at this version: its ETag (`\"3\"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/\"3\"`), or one this server never gives (`\"abc\"`), never matches (412)",
             ))
             .schema(Some(
                 ObjectBuilder::new()
@@ -659,14 +697,31 @@ mod tests {
         );
         assert_eq!(if_match("3").await, Ok(Some(3)));
         assert_eq!(if_match("*").await, Ok(None));
+        // Well-formed tags this server never gives match nothing (412),
+        // as RFC 9110 has it; they are no malformed header.
+        for foreign in ["\"+3\"", "\"\"", "\"abc\"", "\"99999999999999999999\""] {
+            assert_eq!(
+                if_match(foreign).await,
+                Ok(Some(tarn_engine::FOREIGN_TAG)),
+                "{foreign}"
+            );
+        }
+        // A list matches if any tag does: at most one can.
+        assert_eq!(if_match("\"abc\", \"3\", W/\"4\"").await, Ok(Some(3)));
+        assert_eq!(if_match("\"3\",\"3\"").await, Ok(Some(3)));
+        assert_eq!(
+            if_match("W/\"3\", \"abc\"").await,
+            Ok(Some(tarn_engine::WEAK_TAG))
+        );
         for bad in [
-            "\"+3\"",
             "+3",
             "W/3",
             "\"3",
-            "\"\"",
             "x",
-            "\"99999999999999999999\"",
+            "\"a b\"",
+            "\"3\", \"4\"",
+            "\"3\",",
+            "",
         ] {
             assert_eq!(if_match(bad).await, Err(400), "{bad}");
         }
