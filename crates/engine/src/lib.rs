@@ -163,7 +163,7 @@ impl Default for EngineConfig {
             session_ttl: Duration::from_secs(30 * 24 * 3600),
             max_properties: 64 * 1024,
             max_body: 1 << 30,
-            max_attempts: 8,
+            max_attempts: 12,
             password_hashers: hashers,
             password_queue: 16 * hashers,
             groups_per_hour: 100,
@@ -365,7 +365,11 @@ impl Engine {
                 Err(e) if e.is_retry() && attempt + 1 < self.inner.config.max_attempts => {
                     attempt += 1;
                     self.inner.retries.fetch_add(1, Ordering::Relaxed);
-                    let base = 2u64 << attempt.min(8);
+                    // 4, 8, ... ms, at most 128 (and as much again of
+                    // jitter): twelve attempts wait at most about 2 s, so a
+                    // row many write at once (one item, edited by all)
+                    // still takes each writer in turn.
+                    let base = 2u64 << attempt.min(6);
                     let jitter = random_u64() % base.max(1);
                     tokio::time::sleep(Duration::from_millis(base + jitter)).await;
                 }
