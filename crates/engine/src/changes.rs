@@ -179,25 +179,27 @@ pub enum Event {
 
 const CURSOR_VERSION: u8 = 2;
 
-fn encode_cursor(store: &[u8]) -> String {
+fn encode_cursor(key: &[u8], store: &[u8]) -> String {
     let mut c = Vec::with_capacity(store.len() + 1);
     c.push(CURSOR_VERSION);
     c.extend_from_slice(store);
-    seal(b"", &c)
+    seal(key, b"feed", &c)
 }
 
 /// The store's cursor inside an API cursor; malformed ones are refused.
-/// A cursor of version 1 (unsealed, before this version) is `Gone`, as a
-/// cursor older than the changes kept: the client lists again and resumes
-/// from the end, instead of a browser's `EventSource` giving up on a 400
-/// after an upgrade.
-pub(crate) fn decode_cursor(c: &str) -> Result<Vec<u8>> {
+/// A cursor of an older server (version 1, unsealed; or version 2 sealed
+/// without the store's key) is `Gone`, as a cursor older than the changes
+/// kept: the client lists again and resumes from the end, instead of a
+/// browser's `EventSource` giving up on a 400 after an upgrade.
+pub(crate) fn decode_cursor(key: &[u8], c: &str) -> Result<Vec<u8>> {
     let bad = || EngineError::InvalidInput("the cursor is not one of this feed".into());
     if c.is_empty() || c.len() > 128 {
         return Err(bad());
     }
-    let Some(raw) = unseal(b"", c) else {
-        if unb64(c).is_some_and(|r| r.len() > 1 && r[0] == 1) {
+    let Some(raw) = unseal(key, b"feed", c) else {
+        let older = unb64(c).is_some_and(|r| r.len() > 1 && r[0] == 1)
+            || unseal(&[], &[], c).is_some_and(|r| r.first() == Some(&CURSOR_VERSION));
+        if older {
             return Err(EngineError::Gone(
                 "the cursor is from an older server; list again and start from the end".into(),
             ));
@@ -258,7 +260,13 @@ pub(crate) fn record_member(b: &mut Batch, at: i64, principal: &Principal, delta
 }
 
 /// What `principals` see of one entry, if anything.
-fn view(entry: &FeedEntry, row: &ChangeRow, actor: &Actor, kind: Option<&str>) -> Option<Change> {
+fn view(
+    key: &[u8],
+    entry: &FeedEntry,
+    row: &ChangeRow,
+    actor: &Actor,
+    kind: Option<&str>,
+) -> Option<Change> {
     let What::Item {
         id,
         kind: item_kind,
@@ -304,7 +312,7 @@ fn view(entry: &FeedEntry, row: &ChangeRow, actor: &Actor, kind: Option<&str>) -
         None
     };
     Some(Change {
-        cursor: encode_cursor(&entry.cursor),
+        cursor: encode_cursor(key, &entry.cursor),
         op: if item.is_some() {
             ChangeOp::Put
         } else {
@@ -590,6 +598,8 @@ impl Drop for StreamSlot {
 /// A live view of the changes one caller may see.
 pub struct Subscription {
     engine: Engine,
+    /// The store's cursor key, for the cursors of the events.
+    key: Vec<u8>,
     caller: Caller,
     actor: Actor,
     kind: Option<String>,
@@ -629,7 +639,8 @@ impl Engine {
         limit: usize,
     ) -> Result<ChangePage> {
         crate::listing::check_limit(limit)?;
-        let since = since.map(decode_cursor).transpose()?;
+        let key = self.cursor_key().await?;
+        let since = since.map(|c| decode_cursor(key, c)).transpose()?;
         if let Some(k) = kind {
             crate::model::check_name("kind", k)?;
         }
@@ -649,7 +660,7 @@ impl Engine {
                 let end = snap.feed_end(CHANGES).await?;
                 return Ok(ChangePage {
                     changes: Vec::new(),
-                    next: encode_cursor(&end),
+                    next: encode_cursor(key, &end),
                 });
             };
             check_not_trimmed(&own.rows[0], &since)?;
@@ -663,7 +674,7 @@ impl Engine {
                     looked += 1;
                     let row = decode_row(&entry)?;
                     cursor = entry.cursor.clone();
-                    if let Some(c) = view(&entry, &row, &actor, kind) {
+                    if let Some(c) = view(key, &entry, &row, &actor, kind) {
                         changes.push(c);
                         if changes.len() == limit {
                             break;
@@ -676,7 +687,7 @@ impl Engine {
             }
             Ok(ChangePage {
                 changes,
-                next: encode_cursor(&cursor),
+                next: encode_cursor(key, &cursor),
             })
         })
         .await
@@ -692,7 +703,8 @@ impl Engine {
         kind: Option<&str>,
     ) -> Result<Subscription> {
         // A cursor from an older server resumes at the end, after a resync.
-        let (since, stale) = match since.map(decode_cursor).transpose() {
+        let key = self.cursor_key().await?.to_vec();
+        let (since, stale) = match since.map(|c| decode_cursor(&key, c)).transpose() {
             Ok(since) => (since, false),
             Err(EngineError::Gone(_)) => (None, true),
             Err(e) => return Err(e),
@@ -738,6 +750,7 @@ impl Engine {
         }
         Ok(Subscription {
             engine: self.clone(),
+            key,
             caller: caller.clone(),
             actor,
             kind: kind.map(str::to_string),
@@ -991,7 +1004,7 @@ impl Subscription {
             self.pending.push_back(Event::Resync);
             return Ok(());
         }
-        if let Some(c) = view(entry, row, &self.actor, self.kind.as_deref()) {
+        if let Some(c) = view(&self.key, entry, row, &self.actor, self.kind.as_deref()) {
             self.pending.push_back(Event::Change(Box::new(c)));
         }
         Ok(())
@@ -1092,6 +1105,32 @@ impl Subscription {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A feed cursor holds only with the store's key: one made up (sealed
+    /// with another key, say far past the end) is refused; one sealed the
+    /// way older servers did, without a key, is `Gone` (the client lists
+    /// again), as is version 1.
+    #[test]
+    fn feed_cursors_hold_only_with_the_stores_key() {
+        let key = b"this store's key";
+        let c = encode_cursor(key, &[0, 0, 0, 7]);
+        assert_eq!(decode_cursor(key, &c).unwrap(), vec![0, 0, 0, 7]);
+        let made_up = encode_cursor(b"guessed", &[0xff; 8]);
+        assert!(matches!(
+            decode_cursor(key, &made_up),
+            Err(EngineError::InvalidInput(_))
+        ));
+        let older = seal(&[], &[], &[CURSOR_VERSION, 0, 0, 0, 7]);
+        assert!(matches!(
+            decode_cursor(key, &older),
+            Err(EngineError::Gone(_))
+        ));
+        let listing = seal(key, b"listing", &[CURSOR_VERSION, 0, 0, 0, 7]);
+        assert!(matches!(
+            decode_cursor(key, &listing),
+            Err(EngineError::InvalidInput(_))
+        ));
+    }
 
     fn entry(n: u8, what: What) -> Arc<HubEntry> {
         Arc::new(HubEntry {

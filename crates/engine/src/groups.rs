@@ -433,10 +433,11 @@ impl Engine {
         cursor: Option<&str>,
     ) -> Result<MemberPage> {
         crate::listing::check_limit(limit)?;
+        let key = self.cursor_key().await?;
         let lower = match cursor {
             None => Bound::Unbounded,
             Some(c) => Bound::Excluded(
-                unseal(b"members", c)
+                unseal(key, b"members", c)
                     .filter(|c| !c.is_empty() && c.len() <= 200)
                     .ok_or_else(|| EngineError::InvalidInput("bad cursor".into()))?,
             ),
@@ -465,7 +466,7 @@ impl Engine {
         Ok(MemberPage {
             members,
             next: if more {
-                last.map(|l| seal(b"members", &l))
+                last.map(|l| seal(key, b"members", &l))
             } else {
                 None
             },

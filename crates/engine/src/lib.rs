@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tarn_store::{Batch, Snapshot, Store};
+use tarn_store::{Batch, Key, Snapshot, SnapshotExt, Store};
 
 pub use bodies::{BodyRange, BodyReader, BodyUpload};
 pub use changes::{Change, ChangeOp, ChangePage, Event, Subscription, POLL};
@@ -209,6 +209,8 @@ struct Inner {
     uploads_open: AtomicI64,
     /// Microseconds uploads rested at their places, since start.
     upload_rest: AtomicU64,
+    /// The store's cursor key, read once (it never changes).
+    cursor_key: tokio::sync::OnceCell<Vec<u8>>,
 }
 
 impl Engine {
@@ -231,8 +233,37 @@ impl Engine {
                 uploads: tokio::sync::Semaphore::new(uploads),
                 uploads_open: AtomicI64::new(0),
                 upload_rest: AtomicU64::new(0),
+                cursor_key: tokio::sync::OnceCell::new(),
             }),
         }
+    }
+
+    /// The key cursors are sealed with: random bytes kept in the store,
+    /// made by the first node to need them, the same on every node, never
+    /// shown, and new in a store made by an import. Read once a process:
+    /// it never changes, so nothing read from it is ever stale.
+    pub(crate) async fn cursor_key(&self) -> Result<&[u8]> {
+        let key = Key::new(schema::META, b"cursors".to_vec(), b"key".to_vec());
+        let made = self
+            .inner
+            .cursor_key
+            .get_or_try_init(|| {
+                self.retrying(|| async {
+                    if let Some(row) = self.snapshot().await?.get(&key).await? {
+                        return Ok(row.value);
+                    }
+                    // Another node making it first fails this guard; the
+                    // retry reads theirs.
+                    let fresh = random_bytes::<16>().to_vec();
+                    let mut b = Batch::new();
+                    b.put(key.clone(), fresh.clone(), 1)
+                        .guard(key.clone(), tarn_store::Expect::Absent);
+                    self.store().write(b).await?;
+                    Ok(fresh)
+                })
+            })
+            .await?;
+        Ok(made)
     }
 
     /// Waits for one of the node's upload places.
@@ -322,7 +353,6 @@ impl Engine {
     /// Writes the store's layout at its first start; refuses a store laid
     /// out for another number of buckets than this backend asks for.
     async fn check_layout(&self) -> Result<()> {
-        use tarn_store::SnapshotExt;
         let key = schema::layout_key();
         let want = self.split();
         let row = self
@@ -433,34 +463,39 @@ pub(crate) fn unb64(s: &str) -> Option<Vec<u8>> {
         .ok()
 }
 
-/// An opaque cursor: `bytes` and four bytes of the hash of `route` and
-/// them, so that a cursor cut short, altered by hand or handed to another
-/// route is refused instead of read as another place. (Not a secret: a
-/// cursor grants nothing; it only says where a page ends.) The feed's
-/// route is empty, as its cursors were sealed before routes were, and a
-/// client keeps those across upgrades.
-pub(crate) fn seal(route: &[u8], bytes: &[u8]) -> String {
+/// An opaque cursor: `bytes` and four bytes of their keyed hash, with the
+/// store's cursor key (see [`Engine::cursor_key`]) and `route`: a cursor
+/// cut short, altered by hand, made up, handed to another route or taken
+/// from another store is refused instead of read as another place. (A
+/// cursor grants nothing; it only says where a page ends. The key keeps a
+/// client from making up a place no page ended at, such as a feed cursor
+/// far past the end, which would hide every change from it.)
+pub(crate) fn seal(key: &[u8], route: &[u8], bytes: &[u8]) -> String {
     let mut c = Vec::with_capacity(bytes.len() + SEAL);
     c.extend_from_slice(bytes);
-    c.extend_from_slice(&seal_of(route, bytes));
+    c.extend_from_slice(&seal_of(key, route, bytes));
     b64(&c)
 }
 
-/// The bytes of a cursor [`seal`]ed for `route`; `None` when it is not
-/// one, whole.
-pub(crate) fn unseal(route: &[u8], cursor: &str) -> Option<Vec<u8>> {
+/// The bytes of a cursor [`seal`]ed with `key` for `route`; `None` when it
+/// is not one, whole.
+pub(crate) fn unseal(key: &[u8], route: &[u8], cursor: &str) -> Option<Vec<u8>> {
     let mut c = unb64(cursor)?;
     let at = c.len().checked_sub(SEAL)?;
-    (seal_of(route, &c[..at]) == c[at..]).then(|| {
+    (seal_of(key, route, &c[..at]) == c[at..]).then(|| {
         c.truncate(at);
         c
     })
 }
 
-fn seal_of(route: &[u8], bytes: &[u8]) -> [u8; SEAL] {
+/// The seal; without a key and a route, the unkeyed seal of feed cursors
+/// made before either (still recognised, to answer them `Gone`).
+fn seal_of(key: &[u8], route: &[u8], bytes: &[u8]) -> [u8; SEAL] {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
-    if !route.is_empty() {
+    if !key.is_empty() || !route.is_empty() {
+        h.update((key.len() as u32).to_be_bytes());
+        h.update(key);
         h.update(route);
         h.update([0]);
     }

@@ -108,17 +108,17 @@ struct Plan {
 
 const CURSOR_VERSION: u8 = 2;
 
-fn encode_cursor(index: &str, direction: Direction, last: &[u8]) -> String {
+fn encode_cursor(key: &[u8], index: &str, direction: Direction, last: &[u8]) -> String {
     let mut c = vec![CURSOR_VERSION, (direction == Direction::Reverse) as u8];
     c.push(index.len() as u8);
     c.extend_from_slice(index.as_bytes());
     c.extend_from_slice(last);
-    seal(b"listing", &c)
+    seal(key, b"listing", &c)
 }
 
-fn decode_cursor(cursor: &str, index: &str, direction: Direction) -> Result<Vec<u8>> {
+fn decode_cursor(key: &[u8], cursor: &str, index: &str, direction: Direction) -> Result<Vec<u8>> {
     let bad = || EngineError::InvalidInput("the cursor does not belong to this listing".into());
-    let c = unseal(b"listing", cursor).ok_or_else(bad)?;
+    let c = unseal(key, b"listing", cursor).ok_or_else(bad)?;
     if c.len() < 3 || c[0] != CURSOR_VERSION || c[1] != (direction == Direction::Reverse) as u8 {
         return Err(bad());
     }
@@ -580,7 +580,8 @@ impl Engine {
         } else {
             q.sort.clone()
         };
-        self.retrying(|| self.list_once(caller, q, fields.clone(), &sort))
+        let key = self.cursor_key().await?;
+        self.retrying(|| self.list_once(caller, q, fields.clone(), &sort, key))
             .await
     }
 
@@ -590,6 +591,7 @@ impl Engine {
         q: &ListQuery,
         mut fields: BTreeMap<String, Value>,
         sort: &[SortField],
+        key: &[u8],
     ) -> Result<Page> {
         let mut snap = self.snapshot().await?;
         let mut res = Resolve::new(caller)?;
@@ -623,7 +625,7 @@ impl Engine {
             self.plan(&defs.defs, q, &fields, sort)?
         };
         let after = match &q.cursor {
-            Some(c) => Some(decode_cursor(c, &plan.def.name, plan.direction)?),
+            Some(c) => Some(decode_cursor(key, c, &plan.def.name, plan.direction)?),
             None => None,
         };
         let values: Vec<Option<&Value>> = plan.where_values.iter().map(Some).collect();
@@ -669,7 +671,7 @@ impl Engine {
         let page = &rows[..rows.len().min(q.limit)];
         let next = if more {
             page.last()
-                .map(|r| encode_cursor(&plan.def.name, plan.direction, &r.clustering))
+                .map(|r| encode_cursor(key, &plan.def.name, plan.direction, &r.clustering))
         } else {
             None
         };
@@ -800,23 +802,27 @@ mod tests {
         assert_eq!(keys, vec![199, 198, 197, 196, 195]);
     }
 
+    const KEY: &[u8] = b"a store's key";
+
     #[test]
     fn cursors_belong_to_their_listing() {
-        let c = encode_cursor("idx", Direction::Forward, b"\x01key");
+        let c = encode_cursor(KEY, "idx", Direction::Forward, b"\x01key");
+        // Another store's (another key's) cursor is no cursor here.
+        assert!(decode_cursor(b"another key", &c, "idx", Direction::Forward).is_err());
         assert_eq!(
-            decode_cursor(&c, "idx", Direction::Forward).unwrap(),
+            decode_cursor(KEY, &c, "idx", Direction::Forward).unwrap(),
             b"\x01key"
         );
-        assert!(decode_cursor(&c, "other", Direction::Forward).is_err());
-        assert!(decode_cursor(&c, "idx", Direction::Reverse).is_err());
-        assert!(decode_cursor("!!", "idx", Direction::Forward).is_err());
+        assert!(decode_cursor(KEY, &c, "other", Direction::Forward).is_err());
+        assert!(decode_cursor(KEY, &c, "idx", Direction::Reverse).is_err());
+        assert!(decode_cursor(KEY, "!!", "idx", Direction::Forward).is_err());
         // Cut short or altered anywhere: refused, never read as a place.
         for n in 0..c.len() {
-            assert!(decode_cursor(&c[..n], "idx", Direction::Forward).is_err());
+            assert!(decode_cursor(KEY, &c[..n], "idx", Direction::Forward).is_err());
             let mut altered = c.clone().into_bytes();
             altered[n] = if altered[n] == b'A' { b'B' } else { b'A' };
             let altered = String::from_utf8(altered).unwrap();
-            assert!(decode_cursor(&altered, "idx", Direction::Forward).is_err());
+            assert!(decode_cursor(KEY, &altered, "idx", Direction::Forward).is_err());
         }
     }
 }

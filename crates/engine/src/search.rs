@@ -312,19 +312,19 @@ impl Ord for Place {
 
 const CURSOR_VERSION: u8 = 2;
 
-fn encode_cursor(p: &Place) -> String {
+fn encode_cursor(key: &[u8], p: &Place) -> String {
     let mut c = vec![CURSOR_VERSION];
     c.extend_from_slice(&p.score.to_be_bytes());
     c.extend_from_slice(p.id.as_bytes());
-    seal(b"search", &c)
+    seal(key, b"search", &c)
 }
 
-fn decode_cursor(c: &str) -> Result<Place> {
+fn decode_cursor(key: &[u8], c: &str) -> Result<Place> {
     let bad = || EngineError::InvalidInput("the cursor does not belong to this search".into());
     if c.len() > 200 {
         return Err(bad());
     }
-    let raw = unseal(b"search", c).ok_or_else(bad)?;
+    let raw = unseal(key, b"search", c).ok_or_else(bad)?;
     if raw.len() < 10 || raw[0] != CURSOR_VERSION {
         return Err(bad());
     }
@@ -418,8 +418,13 @@ impl Engine {
                 "q has at most {MAX_WORDS} different words"
             )));
         }
-        let cursor = q.cursor.as_deref().map(decode_cursor).transpose()?;
-        self.retrying(|| self.search_once(caller, q, &fields, cursor.as_ref()))
+        let key = self.cursor_key().await?;
+        let cursor = q
+            .cursor
+            .as_deref()
+            .map(|c| decode_cursor(key, c))
+            .transpose()?;
+        self.retrying(|| self.search_once(caller, q, &fields, cursor.as_ref(), key))
             .await
     }
 
@@ -429,6 +434,7 @@ impl Engine {
         q: &SearchQuery,
         fields: &BTreeMap<String, Value>,
         cursor: Option<&Place>,
+        key: &[u8],
     ) -> Result<SearchPage> {
         let mut snap = self.snapshot().await?;
         let mut res = Resolve::new(caller)?;
@@ -486,7 +492,7 @@ impl Engine {
         Ok(SearchPage {
             hits,
             next: if more {
-                page.last().map(encode_cursor)
+                page.last().map(|p| encode_cursor(key, p))
             } else {
                 None
             },

@@ -240,6 +240,20 @@ async fn a_store_moves_from_memory_to_sqlite_and_back() {
     assert_eq!(view(&sqlite, &ids, &link, &linked).await, before);
     // Password hashes went across: signing in works on the new store.
     sqlite.sign_in("bob", "bob-password").await.unwrap();
+    // Cursors did not: the new store's feed starts afresh, and a cursor of
+    // the old one is refused rather than read as a place in the new one.
+    let old = source
+        .changes(&Caller::Anonymous, None, None, 1)
+        .await
+        .unwrap()
+        .next;
+    let r = sqlite
+        .changes(&Caller::Anonymous, Some(&old), None, 1)
+        .await;
+    assert!(
+        matches!(r, Err(tarn_engine::EngineError::InvalidInput(_))),
+        "{r:?}"
+    );
     // And back again.
     let again = common::memory();
     move_store(&sqlite, &again).await;
