@@ -210,10 +210,17 @@ impl Walk {
                 if self.seen.contains(g) {
                     // Reached another way: the caller belongs to it since
                     // the earlier of the two ways.
+                    // The groups above it are read again with that way's
+                    // cursor, so they take it too.
                     let other = path.clone().max(join_cursor(&row.value));
                     if let Some(i) = self.found.iter().position(|f| f == g) {
                         if other < self.joined[i] {
-                            self.joined[i] = other;
+                            self.joined[i] = other.clone();
+                            next.push(Step {
+                                principal: format!("group:{g}"),
+                                after: None,
+                                path: other,
+                            });
                         }
                     }
                     continue;

@@ -477,17 +477,20 @@ fn hex(bytes: &[u8]) -> String {
 
 /// A textual body as its text index reads it: its first
 /// [`crate::search::BODY_TEXT`] bytes, and when the body goes on past
-/// them (`cut`), only up to the last whitespace before the cut, so that a
-/// word the cut split is not indexed as the fragment it left.
-fn indexed_text(mut text: Vec<u8>, cut: bool) -> String {
+/// them (`cut`), without their last word segment (Unicode's word bounds,
+/// so in any script), so that a word the cut split is not indexed as the
+/// fragment it left.
+fn indexed_text(text: Vec<u8>, cut: bool) -> String {
+    use unicode_segmentation::UnicodeSegmentation;
+    let mut text = String::from_utf8_lossy(&text).into_owned();
     if cut {
-        let end = text
-            .iter()
-            .rposition(|b| b.is_ascii_whitespace())
-            .unwrap_or(0);
-        text.truncate(end);
+        let last = text
+            .split_word_bound_indices()
+            .next_back()
+            .map_or(0, |(i, _)| i);
+        text.truncate(last);
     }
-    String::from_utf8_lossy(&text).into_owned()
+    text
 }
 
 #[cfg(test)]
@@ -496,12 +499,19 @@ mod tests {
     fn a_cut_body_is_indexed_up_to_its_last_whole_word() {
         assert_eq!(
             super::indexed_text(b"plum cot plumcot".to_vec(), true),
-            "plum cot"
+            "plum cot "
         );
         assert_eq!(
             super::indexed_text(b"plum cot plumcot".to_vec(), false),
             "plum cot plumcot"
         );
         assert_eq!(super::indexed_text(b"plumcotxyz".to_vec(), true), "");
+        // Words without spaces between them lose only the last one.
+        let cjk = "日本語のテキスト".as_bytes().to_vec();
+        let kept = super::indexed_text(cjk, true);
+        assert!(
+            !kept.is_empty() && "日本語のテキスト".starts_with(&kept),
+            "{kept}"
+        );
     }
 }

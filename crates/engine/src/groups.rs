@@ -301,18 +301,20 @@ impl Engine {
                 )));
             }
             // Where the feed ends before the member joins: changes up to
-            // there were never the member's through this group (a
-            // membership added again keeps its first).
+            // there were never the member's through this group. A
+            // membership added again keeps its row, and its first join,
+            // guarded so that a leave meanwhile is not undone.
             let joined = match &own.rows[2] {
-                Some(row) => row.value.clone(),
-                None => membership_value(&snap.feed_end(CHANGES).await?),
+                Some(row) => Err(Expect::Version(row.version)),
+                None => Ok(membership_value(&snap.feed_end(CHANGES).await?)),
             };
             drop(snap);
-            b.put(member_key(id, &m), schema::MARK.to_vec(), 1).put(
-                membership_key(&m, id),
-                joined,
-                1,
-            );
+            let key = membership_key(&m, id);
+            b.put(member_key(id, &m), schema::MARK.to_vec(), 1);
+            match joined {
+                Ok(value) => b.put(key.clone(), value, 1).guard(key, Expect::Absent),
+                Err(held) => b.guard(key, held),
+            };
             let gained = std::iter::once(id.to_string())
                 .chain(above.found.iter().cloned())
                 .collect();

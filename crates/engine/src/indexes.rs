@@ -165,6 +165,17 @@ pub(crate) fn builtins() -> Vec<IndexDef> {
 /// The built-in index of items shared with a user or a group.
 pub(crate) const SHARED: &str = "_shared";
 
+/// Moves a dropping declaration (in `b`) from its name to one no one can
+/// declare, `~` and its uid, where it waits for its rows to go; answers
+/// that name.
+fn move_aside(def: &IndexDef, b: &mut Batch) -> String {
+    let mut moved = def.clone();
+    moved.name = format!("~{}", def.uid);
+    b.delete(schema::def_key(&def.name));
+    b.put(schema::def_key(&moved.name), schema::encode(&moved), 1);
+    moved.name
+}
+
 /// The fields every item has outside its properties.
 const BUILT_IN_FIELDS: [&str; 3] = ["createdAt", "modifiedAt", "createdBy"];
 
@@ -538,7 +549,7 @@ impl Engine {
                 "a where field is named twice".into(),
             ));
         }
-        let (def, created) = self
+        let (def, created, aside) = self
             .retrying(|| async {
                 let mut snap = self.snapshot().await?;
                 let (actor, own) = self
@@ -547,18 +558,24 @@ impl Engine {
                 actor.require_admin()?;
                 let defs = self.defs_at(&mut snap, &own.rows[0]).await?;
                 drop(snap);
+                let mut b = Batch::new();
+                let mut aside = None;
                 if let Some(old) = defs.get(name) {
                     let same = old.kind.as_deref() == Some(kind)
                         && old.where_ == where_
                         && old.sort == sort
                         && old.text == text
                         && old.language == language;
-                    if same && old.state != IndexState::Dropping {
-                        return Ok((old.clone(), false));
+                    if old.state == IndexState::Dropping {
+                        // Left dropping under its name by an older server.
+                        aside = Some(move_aside(old, &mut b));
+                    } else if same {
+                        return Ok((old.clone(), false, None));
+                    } else {
+                        return Err(EngineError::Conflict(format!(
+                            "an index named {name} exists with another definition"
+                        )));
                     }
-                    return Err(EngineError::Conflict(format!(
-                        "an index named {name} exists with another definition or is being dropped"
-                    )));
                 }
                 let fields: BTreeSet<&String> = where_.iter().collect();
                 let twin = defs.defs.iter().find(|d| {
@@ -592,12 +609,14 @@ impl Engine {
                     text: text.clone(),
                     language: language.clone(),
                 };
-                let mut b = Batch::new();
                 b.put(schema::def_key(name), schema::encode(&def), 1);
                 self.write_defs(defs.version, b).await?;
-                Ok((def, true))
+                Ok((def, true, aside))
             })
             .await?;
+        if let Some(aside) = aside {
+            self.spawn_drop(aside);
+        }
         if created {
             self.spawn_build(def.name.clone());
         }
@@ -668,15 +687,13 @@ impl Engine {
                     .get(name)
                     .cloned()
                     .ok_or_else(|| EngineError::NotFound(format!("no index {name}")))?;
-                if def.state != IndexState::Dropping {
-                    def.state = IndexState::Dropping;
-                    def.name = format!("~{}", def.uid);
-                    let mut b = Batch::new();
-                    b.delete(schema::def_key(name));
-                    b.put(schema::def_key(&def.name), schema::encode(&def), 1);
-                    self.write_defs(defs.version, b).await?;
-                }
-                Ok(def.name)
+                // (One an older server left dropping under its name moves
+                // aside too.)
+                def.state = IndexState::Dropping;
+                let mut b = Batch::new();
+                let aside = move_aside(&def, &mut b);
+                self.write_defs(defs.version, b).await?;
+                Ok(aside)
             })
             .await?;
         self.spawn_drop(dropping);
@@ -723,12 +740,15 @@ impl Engine {
             }
         })
         .await?;
+        let uid = def.uid.clone();
         self.retrying(|| async {
             let defs = self.read_defs().await?;
             let Some(mut def) = defs.get(name).cloned() else {
                 return Ok(());
             };
-            if def.state != IndexState::Building {
+            // The name may meanwhile be another index's (this one dropped,
+            // one of the same name declared): only its own build readies it.
+            if def.state != IndexState::Building || def.uid != uid {
                 return Ok(());
             }
             def.state = IndexState::Ready;

@@ -327,6 +327,34 @@ async fn joiners_see_only_what_came_after_they_joined(e: Engine) {
     no_event(&mut stream).await;
 }
 
+/// A group reached two ways counts from the earlier join, and so do the
+/// groups above it: carol is in hall through sub and team since before the
+/// post, and joins team directly only after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_earlier_way_into_a_group_counts_for_the_groups_above_it() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let carol = sign_up(&e, "carol").await;
+    for g in ["hall", "sub", "team"] {
+        e.create_group(&ann, g, None, Default::default())
+            .await
+            .unwrap();
+    }
+    e.add_member(&ann, "hall", &Principal::Group("team".into()))
+        .await
+        .unwrap();
+    e.add_member(&ann, "team", &Principal::Group("sub".into()))
+        .await
+        .unwrap();
+    e.add_member(&ann, "sub", &user("carol")).await.unwrap();
+    let start = e.changes(&carol, None, None, 1).await.unwrap().next;
+    let post = message_to(&e, &ann, "hall").await;
+    e.add_member(&ann, "team", &user("carol")).await.unwrap();
+    let page = e.changes(&carol, Some(&start), None, 50).await.unwrap();
+    let ids: Vec<&str> = page.changes.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, vec![post.as_str()]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn joiners_see_only_what_came_after_they_joined_in_memory() {
     joiners_see_only_what_came_after_they_joined(common::memory()).await;
