@@ -19,7 +19,7 @@ use std::ops::Bound;
 use sha2::Digest;
 
 use serde::{Deserialize, Serialize};
-use tarn_store::{Batch, Expect, Key, Scan, SnapshotExt};
+use tarn_store::{Batch, Expect, Key, Row, Scan, SnapshotExt};
 
 use crate::error::{EngineError, Result};
 use crate::indexes::{IndexDef, IndexState};
@@ -138,12 +138,7 @@ impl Engine {
         }
         let mut cursor: Option<Vec<u8>> = None;
         loop {
-            let (rows, next) = self
-                .retrying(|| async {
-                    let mut snap = self.snapshot().await?;
-                    Ok(snap.scan_all(cursor.as_deref(), BATCH).await?)
-                })
-                .await?;
+            let (rows, next) = self.rows_after(cursor.as_deref()).await?;
             for (key, row) in rows {
                 let table = key.table;
                 let text = |b: &[u8]| {
@@ -228,15 +223,7 @@ impl Engine {
     pub async fn is_empty(&self) -> Result<bool> {
         let mut cursor: Option<Vec<u8>> = None;
         loop {
-            let (rows, next) = self
-                .retrying(|| async {
-                    Ok(self
-                        .snapshot()
-                        .await?
-                        .scan_all(cursor.as_deref(), BATCH)
-                        .await?)
-                })
-                .await?;
+            let (rows, next) = self.rows_after(cursor.as_deref()).await?;
             if rows
                 .iter()
                 .any(|(k, _)| [USERS, GROUPS, ITEMS].contains(&k.table))
@@ -248,6 +235,16 @@ impl Engine {
                 None => return Ok(true),
             }
         }
+    }
+
+    /// A batch of the store's rows, every table's, after `cursor` (from the
+    /// first without it), in one snapshot; and the cursor to go on from.
+    async fn rows_after(
+        &self,
+        cursor: Option<&[u8]>,
+    ) -> Result<(Vec<(Key, Row)>, Option<Vec<u8>>)> {
+        self.retrying(|| async { Ok(self.snapshot().await?.scan_all(cursor, BATCH).await?) })
+            .await
     }
 
     /// An importer writing records into this (empty) store.
@@ -595,12 +592,7 @@ impl Engine {
     async fn check_imported(&self) -> Result<()> {
         let mut cursor: Option<Vec<u8>> = None;
         loop {
-            let (rows, next) = self
-                .retrying(|| async {
-                    let mut snap = self.snapshot().await?;
-                    Ok(snap.scan_all(cursor.as_deref(), BATCH).await?)
-                })
-                .await?;
+            let (rows, next) = self.rows_after(cursor.as_deref()).await?;
             let mut needs: Vec<(Key, String)> = Vec::new();
             let mut groups = Vec::new();
             let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
