@@ -61,9 +61,10 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 /// The most writes combined into one transaction.
 const MAX_GROUP: usize = 512;
-/// Bytes of the database file a reader reads through a memory map (SQLite
-/// caps it at its compile-time maximum, 2 GiB by default; the rest is read
-/// with `pread`).
+/// A reader's `mmap_size`: any positive value makes SQLite read pages
+/// through the store's VFS's map (`vfs::Map`, one for every connection,
+/// over up to 1 TiB of the file); SQLite caps the value itself at its
+/// compile-time maximum, and the VFS does not use it.
 const MMAP_BYTES: i64 = 1 << 40;
 /// How long a connection waits for a lock another holds.
 const BUSY_WAIT: Duration = Duration::from_secs(10);
@@ -454,12 +455,13 @@ fn open_reader(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
         vfs::NAME,
     )?;
     configure(&conn, options)?;
-    // Pages read through a memory map of the file, shared by every reader,
+    // Pages read through a memory map of the file, one for every reader,
     // instead of copied by `pread` into each connection's own cache, which
     // SQLite empties whenever a read transaction finds a new commit. The
-    // store's VFS keeps the map across commits (`vfs`); with SQLite's own,
-    // every such transaction dropped and made the whole map again, and
-    // readers beside uploads did worse with a map than without.
+    // store's VFS makes that map once and keeps it (`vfs`); with SQLite's
+    // own, each connection had its own map and every such transaction
+    // dropped and made it again, and readers beside uploads did worse with
+    // a map than without.
     if options.map {
         conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
     }

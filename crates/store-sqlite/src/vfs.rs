@@ -18,22 +18,25 @@
 //! makes SQLite roll the whole transaction back: frames it believed
 //! written are never left out of a commit.
 //!
-//! **A reader keeps its memory map of the database across commits.** A
-//! read transaction that finds any new commit asks the file to drop its
-//! whole map (SQLite's `pagerBeginReadTransaction` calls `xUnfetch(0, 0)`),
-//! so under writes every read paid a `munmap`, TLB shootdowns on every core
-//! and page faults to map the file again, and without a map every page a
-//! reader's emptied cache needs again is copied in by `pread`. Pages in the
-//! database file do not change under a map while a reader needs them (a
-//! checkpoint writes back only frames no reader's snapshot predates, and
-//! the kernel's page cache keeps a shared map and `pwrite` coherent), so
-//! the map is kept: it is dropped only when the file is found smaller than
-//! when the map was last dropped, or grown by more than [`REMAP_GROWTH`]
-//! (unless the map is already at SQLite's cap, [`MAP_CAP`]), and pages past
-//! the mapped end are read with `pread` until then. Nothing here ever
-//! shrinks the file (no `VACUUM`, no auto-vacuum, and a checkpoint truncates
-//! it only to its page count, which never falls), so a map never reaches
-//! past its end.
+//! **Readers share one memory map of the database, made once** ([`Map`]).
+//! SQLite's own VFS maps the file once per connection, and a read
+//! transaction that finds any new commit makes it drop that whole map
+//! (`pagerBeginReadTransaction` calls `xUnfetch(0, 0)`): under writes every
+//! read paid a `munmap`, TLB shootdowns on every core and page faults to
+//! map the file again; and with a map per connection each of the sixteen
+//! readers faulted every page into its own map, and each counted it in
+//! the process's resident memory (1.4 GiB for a 100 MB file after a
+//! `tarn bench kenai`). Here the first read of a page by any connection
+//! maps a range far larger than the file, once, and every connection reads
+//! its pages there until the last one closes. The file grows into the
+//! range without a new map: a page past the size last seen is checked
+//! against the file's size first. Pages in the database file do not change
+//! under a map while a reader needs them (a checkpoint writes back only
+//! frames no reader's snapshot predates, and the kernel's page cache keeps
+//! a shared map and `pwrite` coherent). Nothing here ever shrinks the file
+//! (no `VACUUM`, no auto-vacuum, and a checkpoint truncates it only to its
+//! page count, which never falls), so no page handed out is ever past its
+//! end.
 //!
 //! **The WAL's locks are counts in this process** ([`ShmLocks`]), taken
 //! without a mutex or a system call. Connections of any other VFS, in this
@@ -47,7 +50,7 @@
 
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use rusqlite::ffi;
@@ -58,19 +61,17 @@ pub(crate) const NAME: &CStr = c"tarn";
 /// The most bytes gathered before they are written anyway.
 const MAX_PENDING: usize = 4 << 20;
 
-/// SQLite's largest memory map (`SQLITE_MAX_MMAP_SIZE`, compiled in): a
-/// file past it is never mapped further, so its growth is no reason to
-/// remap.
-const MAP_CAP: i64 = 0x7fff_0000;
+/// The address range reserved for a database's map: the largest file read
+/// through it (past it, pages are read with `pread`). Only the pages read
+/// take memory. Where the process may not reserve that much, half as much
+/// is tried, down to [`LEAST_MAP`]; below that, nothing is mapped.
+const MAP_RANGE: usize = 1 << 40;
+const LEAST_MAP: usize = 1 << 30;
 
 /// The most bytes one write hands the default VFS: its `unixWrite` writes
 /// only the low 17 bits of a length (`seekAndWriteFd`), and answers
 /// `SQLITE_FULL` for the rest.
 const MAX_WRITE: usize = 0x1_ffff;
-
-/// How far the database file grows past a reader's map before the map is
-/// dropped (and made again, at the new size, at the next read).
-const REMAP_GROWTH: i64 = 8 << 20;
 
 /// The default VFS, which does the work.
 static DEFAULT: AtomicPtr<ffi::sqlite3_vfs> = AtomicPtr::new(ptr::null_mut());
@@ -84,12 +85,10 @@ struct OurFile {
     /// `at`.
     pending: Vec<u8>,
     at: i64,
-    /// A database file's size when its map was last let go (or when it was
-    /// opened): the map made after that covers about this much.
-    mapped_size: i64,
-    /// A database file's shared-memory locks, and those this connection
-    /// holds (shared, exclusive; a bit a lock).
-    locks: Option<Arc<ShmLocks>>,
+    /// A database file's share of what every connection of this process to
+    /// it shares, and the shared-memory locks this connection holds
+    /// (shared, exclusive; a bit a lock).
+    db: Option<Arc<Database>>,
     shared_mask: u32,
     excl_mask: u32,
     /// Whether this connection holds [`ShmLocks::guarded`]'s locks.
@@ -119,28 +118,125 @@ struct ShmLocks {
 
 const NLOCKS: usize = ffi::SQLITE_SHM_NLOCK as usize;
 
-/// The locks of each database open in this process, by path: read and
-/// changed only when a database file is opened or closed.
-static LOCKS: Mutex<Vec<(Vec<u8>, Weak<ShmLocks>)>> = Mutex::new(Vec::new());
+/// What every connection of this process to one database shares.
+struct Database {
+    /// The database file's full path.
+    path: Vec<u8>,
+    locks: ShmLocks,
+    /// Made at the first page read through it.
+    map: OnceLock<Map>,
+}
 
-/// The locks of the database at `path`, shared with every connection of
-/// this process to it.
-fn locks_of(path: &[u8]) -> Arc<ShmLocks> {
-    let mut all = LOCKS.lock().unwrap_or_else(|e| e.into_inner());
-    all.retain(|(_, w)| w.strong_count() > 0);
-    if let Some(locks) = all
+/// The databases open in this process: read and changed only when a
+/// database file is opened or closed.
+static DATABASES: Mutex<Vec<Weak<Database>>> = Mutex::new(Vec::new());
+
+/// The database at `path`, shared with every connection of this process to
+/// it.
+fn database(path: &[u8]) -> Arc<Database> {
+    let mut all = DATABASES.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|w| w.strong_count() > 0);
+    if let Some(db) = all
         .iter()
-        .find(|(p, _)| p == path)
-        .and_then(|(_, w)| w.upgrade())
+        .filter_map(Weak::upgrade)
+        .find(|db| db.path == path)
     {
-        return locks;
+        return db;
     }
-    let locks = Arc::new(ShmLocks {
-        slots: std::array::from_fn(|_| AtomicI32::new(0)),
-        guarded: AtomicBool::new(false),
+    let db = Arc::new(Database {
+        path: path.to_vec(),
+        locks: ShmLocks {
+            slots: std::array::from_fn(|_| AtomicI32::new(0)),
+            guarded: AtomicBool::new(false),
+        },
+        map: OnceLock::new(),
     });
-    all.push((path.to_vec(), Arc::downgrade(&locks)));
-    locks
+    all.push(Arc::downgrade(&db));
+    db
+}
+
+/// A read-only map of a database file over [`MAP_RANGE`] bytes (or less,
+/// see there), whatever the file's size, kept until the last connection to
+/// the database closes.
+struct Map {
+    /// The range's start; null when nothing could be mapped.
+    base: *mut u8,
+    len: usize,
+    /// Bytes the file was last seen to hold: it only grows.
+    seen: AtomicI64,
+}
+
+// SAFETY: the range is only read, and only unmapped when the map is
+// dropped, after every connection that read through it has closed.
+unsafe impl Send for Map {}
+unsafe impl Sync for Map {}
+
+impl Map {
+    fn new(path: &[u8]) -> Map {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let mut map = Map {
+            base: ptr::null_mut(),
+            len: 0,
+            seen: AtomicI64::new(0),
+        };
+        // The map outlives this descriptor: closing it unmaps nothing.
+        let Ok(file) = std::fs::File::open(std::ffi::OsStr::from_bytes(path)) else {
+            return map;
+        };
+        let mut len = MAP_RANGE;
+        while len >= LEAST_MAP {
+            // SAFETY: a new read-only shared map of an open file, at an
+            // address the kernel picks; past the file's end it is only
+            // ever read once the file has grown there (`Map::at`).
+            let p = unsafe {
+                libc::mmap(
+                    ptr::null_mut(),
+                    len,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                map.base = p.cast();
+                map.len = len;
+                break;
+            }
+            len /= 2;
+        }
+        map
+    }
+
+    /// Where `amount` bytes at `offset` are, if the map covers them and the
+    /// file holds them (`size` answers the file's size now); else null.
+    fn at(&self, offset: i64, amount: c_int, size: impl FnOnce() -> Option<i64>) -> *mut c_void {
+        let end = offset.saturating_add(i64::from(amount));
+        if self.base.is_null() || offset < 0 || end > self.len as i64 {
+            return ptr::null_mut();
+        }
+        if end > self.seen.load(Ordering::Acquire) {
+            let Some(size) = size() else {
+                return ptr::null_mut();
+            };
+            self.seen.fetch_max(size, Ordering::AcqRel);
+            if end > size {
+                return ptr::null_mut();
+            }
+        }
+        // SAFETY: `offset` is within the mapped range (checked above).
+        unsafe { self.base.add(offset as usize).cast() }
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        if !self.base.is_null() {
+            // SAFETY: the range this map made; nothing reads it any more.
+            unsafe { libc::munmap(self.base.cast(), self.len) };
+        }
+    }
 }
 
 const REAL_AT: usize = (std::mem::size_of::<OurFile>() + 15) & !15;
@@ -225,24 +321,16 @@ unsafe extern "C" fn open(
             }
             return rc;
         }
-        let (mut size, mut locks) = (0, None);
-        if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 {
-            let rc = ((*(*real).pMethods).xFileSize.expect("files have sizes"))(real, &mut size);
-            if rc != ffi::SQLITE_OK {
-                ((*(*real).pMethods).xClose.expect("files close"))(real);
-                return rc;
-            }
-            // A main database always has a name: the full path.
-            locks = Some(locks_of(CStr::from_ptr(name).to_bytes()));
-        }
+        // A main database always has a name: the full path.
+        let db = (flags & ffi::SQLITE_OPEN_MAIN_DB != 0)
+            .then(|| database(CStr::from_ptr(name).to_bytes()));
         ptr::write(
             file.cast::<OurFile>(),
             OurFile {
                 base: ffi::sqlite3_file { pMethods: ours },
                 pending: Vec::new(),
                 at: 0,
-                mapped_size: size,
-                locks,
+                db,
                 shared_mask: 0,
                 excl_mask: 0,
                 guards: false,
@@ -351,41 +439,43 @@ unsafe extern "C" fn db_write(
     unsafe { (methods(file).xWrite.expect("files are written"))(real(file), buf, amount, offset) }
 }
 
-/// `xUnfetch`: a database file keeps its map when SQLite asks to drop all
-/// of it (`p` null) unless the file has shrunk or grown by more than
-/// [`REMAP_GROWTH`] since the map was last dropped; a page given back
-/// (`p` set) goes to the default VFS as always.
+/// `xUnfetch`: nothing to do. A page given back stays mapped, and when
+/// SQLite asks to drop the whole map (`p` null) the map stays too: it is
+/// every connection's, until the last one closes ([`Map`]).
 unsafe extern "C" fn db_unfetch(
-    file: *mut ffi::sqlite3_file,
-    offset: i64,
-    p: *mut c_void,
+    _file: *mut ffi::sqlite3_file,
+    _offset: i64,
+    _p: *mut c_void,
 ) -> c_int {
-    unsafe {
-        let unfetch = methods(file).xUnfetch.expect("database files map");
-        if p.is_null() {
-            let mut size = 0;
-            let rc = (methods(file).xFileSize.expect("files have sizes"))(real(file), &mut size);
-            let ours = file.cast::<OurFile>();
-            let mapped = (*ours).mapped_size;
-            if rc == ffi::SQLITE_OK
-                && size >= mapped
-                && (size - mapped <= REMAP_GROWTH || mapped >= MAP_CAP)
-            {
-                return ffi::SQLITE_OK;
-            }
-            (*ours).mapped_size = size;
-        }
-        unfetch(real(file), offset, p)
-    }
+    ffi::SQLITE_OK
 }
 
+/// `xFetch`: a page from the map every connection of this process to the
+/// database shares ([`Map`]), or none (then SQLite reads it). SQLite only
+/// asks for pages of its snapshot that are not in the WAL, which the file
+/// holds. The default VFS's own map is never made.
 unsafe extern "C" fn fetch(
     file: *mut ffi::sqlite3_file,
     offset: i64,
     amount: c_int,
     out: *mut *mut c_void,
 ) -> c_int {
-    unsafe { (methods(file).xFetch.expect("database files map"))(real(file), offset, amount, out) }
+    unsafe {
+        *out = ptr::null_mut();
+        if let Some(db) = (*file.cast::<OurFile>()).db.as_deref() {
+            let size = || {
+                let mut size = 0;
+                let rc =
+                    (methods(file).xFileSize.expect("files have sizes"))(real(file), &mut size);
+                (rc == ffi::SQLITE_OK).then_some(size)
+            };
+            *out = db
+                .map
+                .get_or_init(|| Map::new(&db.path))
+                .at(offset, amount, size);
+        }
+        ffi::SQLITE_OK
+    }
 }
 
 unsafe extern "C" fn shm_map(
@@ -407,7 +497,7 @@ unsafe extern "C" fn shm_map(
             return rc;
         }
         let ours = file.cast::<OurFile>();
-        let Some(locks) = (*ours).locks.as_deref() else {
+        let Some(locks) = (*ours).db.as_deref().map(|db| &db.locks) else {
             return ffi::SQLITE_IOERR_SHMMAP;
         };
         if !(*ours).guards && !locks.guarded.swap(true, Ordering::SeqCst) {
@@ -441,7 +531,7 @@ unsafe extern "C" fn shm_lock(
 ) -> c_int {
     unsafe {
         let ours = file.cast::<OurFile>();
-        let Some(locks) = (*ours).locks.as_deref() else {
+        let Some(locks) = (*ours).db.as_deref().map(|db| &db.locks) else {
             return ffi::SQLITE_IOERR_SHMLOCK;
         };
         if offset < 0 || n < 1 || (offset + n) as usize > NLOCKS {
@@ -516,11 +606,11 @@ unsafe fn release_all(file: *mut ffi::sqlite3_file) {
                 NLOCKS as c_int,
                 ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE,
             );
-            if let Some(locks) = (*ours).locks.as_deref() {
-                locks.guarded.store(false, Ordering::SeqCst);
+            if let Some(db) = (*ours).db.as_deref() {
+                db.locks.guarded.store(false, Ordering::SeqCst);
             }
         }
-        if (*ours).locks.is_some() && ((*ours).shared_mask | (*ours).excl_mask) != 0 {
+        if (*ours).db.is_some() && ((*ours).shared_mask | (*ours).excl_mask) != 0 {
             shm_lock(
                 file,
                 0,
@@ -830,8 +920,8 @@ mod map_tests {
             assert_eq!(read_all(&reader), (3000 + round, (3000 + round) * 1000));
         }
         let faults = faults_so_far() - before;
-        // The file grows past the map by more than REMAP_GROWTH, and the
-        // reader sees all of it.
+        // The file grows by 12 MB past what the map saw, and the reader
+        // sees all of it.
         writer
             .execute_batch(
                 "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 11999)
@@ -848,6 +938,71 @@ mod map_tests {
             .unwrap();
         assert_eq!(read_all(&reader), (3005, 3_005_000));
         faults
+    }
+
+    /// Maps of `path` in this process.
+    fn maps_of(path: &std::path::Path) -> usize {
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("Linux maps");
+        let path = path.to_str().expect("a UTF-8 temp path");
+        maps.lines().filter(|l| l.ends_with(path)).count()
+    }
+
+    /// Eight readers, open together, each read a 3 MB table through a map,
+    /// one after the other on this thread; answers the page faults the
+    /// first one took, those the seven others took, and the file's maps.
+    fn eight_readers(vfs: Option<&std::ffi::CStr>) -> (u64, u64, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.sqlite");
+        let writer = Connection::open(&path).unwrap();
+        writer
+            .execute_batch(
+                "PRAGMA journal_mode = WAL;
+                 CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB);
+                 WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 2999)
+                 INSERT INTO t SELECT i, zeroblob(1000) FROM n;
+                 PRAGMA wal_checkpoint(TRUNCATE);",
+            )
+            .unwrap();
+        drop(writer);
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let readers: Vec<Connection> = (0..8)
+            .map(|_| {
+                let reader = match vfs {
+                    Some(name) => Connection::open_with_flags_and_vfs(&path, flags, name),
+                    None => Connection::open_with_flags(&path, flags),
+                }
+                .unwrap();
+                reader.pragma_update(None, "mmap_size", 1i64 << 30).unwrap();
+                reader
+            })
+            .collect();
+        let start = faults_so_far();
+        assert_eq!(read_all(&readers[0]), (3000, 3_000_000));
+        let first = faults_so_far() - start;
+        for reader in &readers[1..] {
+            assert_eq!(read_all(reader), (3000, 3_000_000));
+        }
+        let others = faults_so_far() - start - first;
+        (first, others, maps_of(&path))
+    }
+
+    #[test]
+    fn readers_share_one_map() {
+        super::register().unwrap();
+        let (first, others, maps) = eight_readers(None);
+        eprintln!("SQLite's own VFS: {first} faults, then {others}, {maps} maps");
+        assert_eq!(maps, 8, "SQLite's own VFS maps the file once a connection");
+        assert!(
+            others >= 5 * first,
+            "SQLite's own VFS: {first}, then {others} faults"
+        );
+        let (first, others, maps) = eight_readers(Some(super::NAME));
+        eprintln!("the store's VFS: {first} faults, then {others}, {maps} maps");
+        assert_eq!(maps, 1, "the store's VFS maps the file once");
+        assert!(
+            others <= first / 2,
+            "the store's VFS: {first}, then {others} faults"
+        );
     }
 
     #[test]
