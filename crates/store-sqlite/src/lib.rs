@@ -22,8 +22,8 @@
 //!   a small write never waits behind more than one group.
 //!   The writer's connection hands a commit's WAL frames to the kernel in
 //!   one `pwrite` instead of two a page (`vfs`).
-//! - **Readers** read through a memory map of the database file that they
-//!   keep across commits, and take the WAL's locks without a mutex or a
+//! - **Readers** read through one memory map of the database file that they
+//!   all share and keep, and take the WAL's locks without a mutex or a
 //!   system call (`vfs`). Every connection of the store uses its VFS; while
 //!   the store is open, no other connection may use the database: the
 //!   `LOCK` file below refuses other Tarn processes, and a connection of
@@ -62,9 +62,9 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 /// The most writes combined into one transaction.
 const MAX_GROUP: usize = 512;
 /// A reader's `mmap_size`: any positive value makes SQLite read pages
-/// through the store's VFS's map (`vfs::Map`, one for every connection,
-/// over up to 1 TiB of the file); SQLite caps the value itself at its
-/// compile-time maximum, and the VFS does not use it.
+/// through the store's VFS's map (`vfs::Map`, a single one that every
+/// connection shares, over up to 1 TiB of the file); the value itself is
+/// not used.
 const MMAP_BYTES: i64 = 1 << 40;
 /// How long a connection waits for a lock another holds.
 const BUSY_WAIT: Duration = Duration::from_secs(10);
@@ -455,7 +455,7 @@ fn open_reader(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
         vfs::NAME,
     )?;
     configure(&conn, options)?;
-    // Pages read through a memory map of the file, one for every reader,
+    // Pages read through a memory map of the file, shared by every reader,
     // instead of copied by `pread` into each connection's own cache, which
     // SQLite empties whenever a read transaction finds a new commit. The
     // store's VFS makes that map once and keeps it (`vfs`); with SQLite's
