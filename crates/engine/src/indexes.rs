@@ -551,13 +551,7 @@ impl Engine {
         }
         let (def, created, aside) = self
             .retrying(|| async {
-                let mut snap = self.snapshot().await?;
-                let (actor, own) = self
-                    .resolve(&mut snap, caller, &[schema::defs_version_key()], &[])
-                    .await?;
-                actor.require_admin()?;
-                let defs = self.defs_at(&mut snap, &own.rows[0]).await?;
-                drop(snap);
+                let defs = self.admin_defs(caller).await?;
                 let mut b = Batch::new();
                 let mut aside = None;
                 if let Some(old) = defs.get(name) {
@@ -641,6 +635,17 @@ impl Engine {
         });
     }
 
+    /// The declarations as an administrator sees them before changing
+    /// them: refused to anyone else.
+    async fn admin_defs(&self, caller: &Caller) -> Result<Defs> {
+        let mut snap = self.snapshot().await?;
+        let (actor, own) = self
+            .resolve(&mut snap, caller, &[schema::defs_version_key()], &[])
+            .await?;
+        actor.require_admin()?;
+        self.defs_at(&mut snap, &own.rows[0]).await
+    }
+
     /// One index declaration (built-ins included; signed-in callers).
     pub async fn get_index(&self, caller: &Caller, name: &str) -> Result<IndexDef> {
         self.list_indexes(caller)
@@ -676,13 +681,7 @@ impl Engine {
         }
         let dropping = self
             .retrying(|| async {
-                let mut snap = self.snapshot().await?;
-                let (actor, own) = self
-                    .resolve(&mut snap, caller, &[schema::defs_version_key()], &[])
-                    .await?;
-                actor.require_admin()?;
-                let defs = self.defs_at(&mut snap, &own.rows[0]).await?;
-                drop(snap);
+                let defs = self.admin_defs(caller).await?;
                 let mut def = defs
                     .get(name)
                     .cloned()
