@@ -447,6 +447,36 @@ pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     b
 }
 
+/// A new item's id: 22 characters of `[-0-9A-Z_a-z]` that sort, as bytes,
+/// by the millisecond the item was made, followed by 80 random bits.
+///
+/// Every row keyed by an item id (the item's own row, its row in its
+/// kind's bucket) then goes beside the rows of the items made just before
+/// it, instead of into a random page of the store: a commit of sixteen
+/// creates dirties a few pages for them, not thirty-two (WAL frames,
+/// checkpoint copies and, on PostgreSQL, index pages). Ids stay opaque to
+/// clients (api.md) and as hard to guess as before for all but their time.
+pub(crate) fn new_item_id() -> String {
+    use base64::Engine as _;
+    // base64url's 64 characters in ASCII order, so that the encoding keeps
+    // the order of the bytes.
+    const SORTED: base64::alphabet::Alphabet = match base64::alphabet::Alphabet::new(
+        "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz",
+    ) {
+        Ok(a) => a,
+        Err(_) => panic!("64 distinct characters"),
+    };
+    const ENGINE: base64::engine::GeneralPurpose =
+        base64::engine::GeneralPurpose::new(&SORTED, base64::engine::general_purpose::NO_PAD);
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut bytes = [0u8; 16];
+    bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    bytes[6..].copy_from_slice(&random_bytes::<10>());
+    ENGINE.encode(bytes)
+}
+
 pub(crate) fn random_u64() -> u64 {
     u64::from_le_bytes(random_bytes::<8>())
 }
@@ -518,4 +548,29 @@ pub fn format_time(micros: i64) -> String {
         "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
     ))
     .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn item_ids_sort_by_the_time_they_were_made() {
+        let base64url = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        let mut ids = Vec::new();
+        for _ in 0..5 {
+            ids.push(new_item_id());
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        for id in &ids {
+            assert_eq!(id.len(), 22, "{id}");
+            assert!(id.chars().all(base64url), "{id}");
+        }
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(ids, sorted, "ids made 2 ms apart sort in the order made");
+        // Made within one millisecond they differ by their random part.
+        let many: std::collections::BTreeSet<String> = (0..10_000).map(|_| new_item_id()).collect();
+        assert_eq!(many.len(), 10_000);
+    }
 }
