@@ -27,7 +27,7 @@ use tarn_store::{Batch, Key, Scan, SnapshotExt};
 use crate::error::{EngineError, Result};
 use crate::items::{check_version, ItemWant};
 use crate::schema::{self, BLOBS, GRAVEYARD};
-use crate::{b64, random_bytes, BodyMeta, Caller, Engine, ItemView, Role};
+use crate::{BodyMeta, Caller, Engine, ItemView, Role};
 
 /// Bytes per stored chunk.
 const CHUNK: usize = 256 * 1024;
@@ -117,7 +117,7 @@ impl Engine {
             })
             .await?;
         self.require_role(&a, Role::Editor, "uploading a body")?;
-        let blob = b64(&random_bytes::<16>());
+        let blob = crate::new_id();
         let pending = grave_key(&blob, self.now() + UPLOAD_DEADLINE.as_micros() as i64);
         self.count_upload(1);
         Ok(BodyUpload {

@@ -258,7 +258,7 @@ impl Engine {
         if acl.len() > MAX_GRANTS {
             return Err(too_many_grants());
         }
-        let id = crate::new_item_id();
+        let id = crate::new_id();
         let bucket = schema::kind_bucket(&id);
         let stamp_key = schema::stamp_key(kind, bucket);
         self.retrying(|| async {

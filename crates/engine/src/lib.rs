@@ -447,16 +447,17 @@ pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     b
 }
 
-/// A new item's id: 22 characters of `[-0-9A-Z_a-z]` that sort, as bytes,
+/// A new item's or body's id: 22 characters of `[-0-9A-Z_a-z]` that sort, as bytes,
 /// by the millisecond the item was made, followed by 80 random bits.
 ///
-/// Every row keyed by an item id (the item's own row, its row in its
-/// kind's bucket) then goes beside the rows of the items made just before
-/// it, instead of into a random page of the store: a commit of sixteen
-/// creates dirties a few pages for them, not thirty-two (WAL frames,
-/// checkpoint copies and, on PostgreSQL, index pages). Ids stay opaque to
-/// clients (api.md) and as hard to guess as before for all but their time.
-pub(crate) fn new_item_id() -> String {
+/// Every row keyed by such an id (an item's own row, its row in its kind's
+/// bucket, a body's chunks) then goes beside the rows of the ones made just
+/// before it, instead of into a random page of the store: a commit of
+/// sixteen creates dirties a few pages for them, not thirty-two (WAL
+/// frames, checkpoint copies and, on PostgreSQL, index pages). Ids stay
+/// opaque to clients (api.md) and as hard to guess as before for all but
+/// their time.
+pub(crate) fn new_id() -> String {
     use base64::Engine as _;
     // base64url's 64 characters in ASCII order, so that the encoding keeps
     // the order of the bytes.
@@ -555,11 +556,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn item_ids_sort_by_the_time_they_were_made() {
+    fn ids_sort_by_the_time_they_were_made() {
         let base64url = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
         let mut ids = Vec::new();
         for _ in 0..5 {
-            ids.push(new_item_id());
+            ids.push(new_id());
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         for id in &ids {
@@ -570,7 +571,7 @@ mod tests {
         sorted.sort();
         assert_eq!(ids, sorted, "ids made 2 ms apart sort in the order made");
         // Made within one millisecond they differ by their random part.
-        let many: std::collections::BTreeSet<String> = (0..10_000).map(|_| new_item_id()).collect();
+        let many: std::collections::BTreeSet<String> = (0..10_000).map(|_| new_id()).collect();
         assert_eq!(many.len(), 10_000);
     }
 }
