@@ -447,16 +447,16 @@ pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     b
 }
 
-/// A new item's or body's id: 22 characters of `[-0-9A-Z_a-z]` that sort, as bytes,
-/// by the millisecond the item was made, followed by 80 random bits.
+/// A new item's or body's id: 22 characters of `[-0-9A-Z_a-z]` that sort,
+/// as bytes, by the millisecond it was made, then 80 random bits.
 ///
 /// Every row keyed by such an id (an item's own row, its row in its kind's
 /// bucket, a body's chunks) then goes beside the rows of the ones made just
 /// before it, instead of into a random page of the store: a commit of
 /// sixteen creates dirties a few pages for them, not thirty-two (WAL
 /// frames, checkpoint copies and, on PostgreSQL, index pages). Ids stay
-/// opaque to clients (api.md) and as hard to guess as before for all but
-/// their time.
+/// opaque to clients (api.md); they tell the time they were made, and 80
+/// random bits (not 128) keep them unguessable.
 pub(crate) fn new_id() -> String {
     use base64::Engine as _;
     // base64url's 64 characters in ASCII order, so that the encoding keeps
