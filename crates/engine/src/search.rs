@@ -69,6 +69,10 @@ const EXPAND_ROWS: usize = 8;
 const EXPAND_ROUNDS: usize = 8;
 /// Most index rows one search reads per word.
 pub const SCAN_BUDGET: usize = 20_000;
+/// Rows of a word that `match=all` reads in order before it reads forward
+/// rows: until then, reading on costs less than a random read per
+/// candidate, and may end the word (making every candidate settled).
+const DEFER_LOOKUPS: usize = 256;
 /// Words a body keeps for indexing: its most used.
 pub(crate) const BODY_WORDS: usize = 512;
 /// Bytes of a textual body that are indexed.
@@ -368,6 +372,30 @@ impl Expansion {
     }
 }
 
+/// The most an item could score given the impacts known of it: a word
+/// not read to its end may still hold it at the impact of the word's last
+/// row read.
+fn upper_bound(known: &[Option<u16>], slots: &[Slot], all: bool) -> u64 {
+    let mut sum = 0u64;
+    let mut matched = 0u64;
+    for (k, s) in known.iter().zip(slots) {
+        let most = match k {
+            Some(i) => Some(*i),
+            None if s.complete => None,
+            None => Some(s.last),
+        };
+        if let Some(i) = most {
+            sum += u64::from(i);
+            matched += 1;
+        }
+    }
+    if all {
+        sum
+    } else {
+        matched * MATCHED + sum
+    }
+}
+
 /// The (impact, id) of a term row, past its term.
 fn parse_row(row: &Row, strip: usize) -> Option<(u16, String)> {
     let rest = row.clustering.get(strip..)?;
@@ -595,6 +623,8 @@ impl Engine {
         let mut best: BTreeMap<Place, ()> = BTreeMap::new();
         let n_slots = slots.len();
         let mut seen: HashMap<String, Vec<Option<u16>>> = HashMap::new();
+        // Candidates seen but not yet scored.
+        let mut partial: Vec<String> = Vec::new();
         loop {
             // Sorted access: the next rows of every word, in one read per
             // round (more if merges need refills).
@@ -655,15 +685,23 @@ impl Engine {
                 s.complete = s.merge.finished();
                 if s.complete || s.read >= SCAN_BUDGET {
                     s.done = true;
-                    s.last = 0;
                 }
             }
-            // Each new candidate's impact in every word: known from the
-            // rows read, absent from a word read to its end, or else read
-            // from its forward row (random access).
-            let mut direct: Vec<(String, Vec<Option<u16>>)> = Vec::new();
+            // Each candidate's impact in every word: known from the rows
+            // read, absent from a word read to its end, or else read from
+            // its forward row (random access). Random access waits while
+            // sorted access is cheap (see [`DEFER_LOOKUPS`]), and is spent
+            // only on candidates that could still make the page.
+            partial.extend(fresh);
+            let lookups_now = !q.all || slots.iter().any(|s| s.done || s.read >= DEFER_LOOKUPS);
+            let floor = if best.len() >= want {
+                best.keys().last().map(|w| w.score)
+            } else {
+                None
+            };
+            let mut found: Vec<(String, Vec<Option<u16>>)> = Vec::new();
             let mut lookup: Vec<String> = Vec::new();
-            for id in fresh {
+            for id in std::mem::take(&mut partial) {
                 let known = &seen[&id];
                 let settled = known
                     .iter()
@@ -677,14 +715,18 @@ impl Engine {
                     continue;
                 }
                 if settled {
-                    direct.push((id.clone(), known.clone()));
-                } else {
+                    found.push((id, known.clone()));
+                } else if floor.is_some_and(|f| upper_bound(known, &slots, q.all) < f) {
+                    // Worse than the page's last place whatever it lacks.
+                } else if lookups_now {
                     lookup.push(id);
+                } else {
+                    partial.push(id);
                 }
             }
+            lookup.sort();
             let keys: Vec<Key> = lookup.iter().map(|id| forward_key(def, id)).collect();
             let fwd = crate::read(snap, &keys, &[]).await?.rows;
-            let mut found = direct;
             for (id, row) in lookup.into_iter().zip(fwd) {
                 if let Some(row) = row {
                     found.push((id, slot_impacts(&row.value, &slots)?));
@@ -735,6 +777,11 @@ impl Engine {
                 )
             };
             let full = best.len() >= want;
+            if !partial.is_empty() {
+                // Candidates wait for more sorted access.
+                batch = (batch * 2).min(1024);
+                continue;
+            }
             match bound {
                 None => break,
                 Some(b) if full && best.keys().last().is_some_and(|w| w.score > b) => break,

@@ -167,11 +167,23 @@ async fn words_are_analysed_ranked_and_matched() {
 /// its words' scores found alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_lists_score_alike_from_rows_and_forward_rows() {
+    long_lists(150).await;
+}
+
+/// The same past the rows `match=all` reads before its first forward row:
+/// both words' lists are longer than that, so candidates wait, are ruled
+/// out by their bounds, or are read from forward rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_longer_than_the_deferred_reads_score_alike() {
+    long_lists(900).await;
+}
+
+async fn long_lists(n: usize) {
     let e = common::memory();
     let ann = sign_up(&e, "ann").await;
     title_and_description(&e).await;
     let mut both = BTreeSet::new();
-    for i in 0..150usize {
+    for i in 0..n {
         // "oak" in every item, "elm" in every third; how often each occurs
         // varies so impacts differ.
         let mut words = vec!["oak"; 1 + i % 5];
@@ -204,8 +216,8 @@ async fn long_lists_score_alike_from_rows_and_forward_rows() {
         }
     };
     let (oak, elm) = (single("oak").await, single("elm").await);
-    assert_eq!(oak.len(), 150);
-    assert_eq!(elm.len(), 50);
+    assert_eq!(oak.len(), n);
+    assert_eq!(elm.len(), n.div_ceil(3));
     for all in [true, false] {
         let got = all_pages(
             &e,
@@ -223,7 +235,7 @@ async fn long_lists_score_alike_from_rows_and_forward_rows() {
         if all {
             assert_eq!(ids, both);
         } else {
-            assert_eq!(ids.len(), 150);
+            assert_eq!(ids.len(), n);
         }
         for (id, score) in &got {
             let sum = oak.get(id).unwrap_or(&0) + elm.get(id).unwrap_or(&0);
