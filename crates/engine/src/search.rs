@@ -19,8 +19,12 @@
 //! A query reads, for each of its words and each of the caller's
 //! partitions, the term's rows in impact order (one ordered, limited read
 //! per word and principal, merged in code), and runs Fagin's threshold
-//! algorithm: new candidates are checked against their forward rows, and
-//! reading stops once no unread row can lift an item into the page. A
+//! algorithm: candidates are checked against their forward rows, and
+//! reading stops once no unread row can lift an item into the page.
+//! Forward rows wait until a word has given [`DEFER_LOOKUPS`] rows or has
+//! ended, and a candidate that could not reach the page whatever it lacks
+//! is never checked (on lists of common words a random read per candidate
+//! was most of a search's time). A
 //! prefix (search-as-you-type) is expanded to the terms that start with it
 //! by a few bounded reads of the caller's own partitions of its first two
 //! characters, each skipping past the rows of the last term it saw — never
@@ -69,9 +73,9 @@ const EXPAND_ROWS: usize = 8;
 const EXPAND_ROUNDS: usize = 8;
 /// Most index rows one search reads per word.
 pub const SCAN_BUDGET: usize = 20_000;
-/// Rows of a word that `match=all` reads in order before it reads forward
-/// rows: until then, reading on costs less than a random read per
-/// candidate, and may end the word (making every candidate settled).
+/// Rows of a word a search reads in order before it reads forward rows:
+/// until then, reading on costs less than a random read per candidate, and
+/// may end a word (with `match=all`, settling every candidate).
 const DEFER_LOOKUPS: usize = 256;
 /// Words a body keeps for indexing: its most used.
 pub(crate) const BODY_WORDS: usize = 512;
@@ -693,7 +697,7 @@ impl Engine {
             // sorted access is cheap (see [`DEFER_LOOKUPS`]), and is spent
             // only on candidates that could still make the page.
             partial.extend(fresh);
-            let lookups_now = !q.all || slots.iter().any(|s| s.done || s.read >= DEFER_LOOKUPS);
+            let lookups_now = slots.iter().any(|s| s.done || s.read >= DEFER_LOOKUPS);
             let floor = if best.len() >= want {
                 best.keys().last().map(|w| w.score)
             } else {
