@@ -21,8 +21,8 @@
 //! per word and principal, merged in code), and runs Fagin's threshold
 //! algorithm: candidates are checked against their forward rows, and
 //! reading stops once no unread row can lift an item into the page.
-//! Forward rows wait until a word has given [`DEFER_LOOKUPS`] rows or has
-//! ended, and a candidate that could not reach the page whatever it lacks
+//! Forward rows wait until any word has given at least [`DEFER_LOOKUPS`]
+//! rows or has ended, and a candidate that could not reach the page whatever it lacks
 //! is never checked (on lists of common words a random read per candidate
 //! was most of a search's time). A
 //! prefix (search-as-you-type) is expanded to the terms that start with it
@@ -73,9 +73,10 @@ const EXPAND_ROWS: usize = 8;
 const EXPAND_ROUNDS: usize = 8;
 /// Most index rows one search reads per word.
 pub const SCAN_BUDGET: usize = 20_000;
-/// Rows of a word a search reads in order before it reads forward rows:
-/// until then, reading on costs less than a random read per candidate, and
-/// may end a word (with `match=all`, settling every candidate).
+/// Forward rows are read once any word has given at least this many rows
+/// in order (or has ended): until then, reading on costs less than a
+/// random read per candidate, and may end a word (with `match=all`,
+/// settling every candidate).
 const DEFER_LOOKUPS: usize = 256;
 /// Words a body keeps for indexing: its most used.
 pub(crate) const BODY_WORDS: usize = 512;
@@ -782,7 +783,8 @@ impl Engine {
             };
             let full = best.len() >= want;
             if !partial.is_empty() {
-                // Candidates wait for more sorted access.
+                // The bound covers unseen items only: a candidate not yet
+                // scored could still beat it.
                 batch = (batch * 2).min(1024);
                 continue;
             }
