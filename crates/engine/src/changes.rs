@@ -610,6 +610,8 @@ pub struct Subscription {
     /// Whether to pull from the store before listening (a start from a
     /// cursor, or a fall-back after lagging).
     pulling: bool,
+    /// Whether the entries being handled came from a pull.
+    replaying: bool,
     pending: VecDeque<Event>,
     /// When to check the caller's session and groups next.
     due: std::time::Instant,
@@ -757,6 +759,7 @@ impl Engine {
             rx,
             route,
             pulling: last.is_some(),
+            replaying: false,
             last,
             pending,
             due: std::time::Instant::now() + CHECK_EVERY,
@@ -1029,9 +1032,13 @@ impl Subscription {
     /// the hub routed to it is handled, and what the hub did not route names
     /// none of its principals.
     async fn check(&mut self) -> Result<()> {
-        if let Some(at) = self.route.caught_up(&self.rx) {
-            if self.last.as_ref().is_none_or(|l| at > *l) {
-                self.last = Some(at);
+        // While the stream pulls from the store, its place is the last
+        // entry it handled, however far behind the hub.
+        if !self.pulling && !self.replaying {
+            if let Some(at) = self.route.caught_up(&self.rx) {
+                if self.last.as_ref().is_none_or(|l| at > *l) {
+                    self.last = Some(at);
+                }
             }
         }
         let engine = self.engine.clone();
@@ -1094,10 +1101,12 @@ impl Subscription {
         if entries.len() < READ_BATCH {
             self.pulling = false;
         }
+        self.replaying = true;
         for entry in entries {
             let row = decode_row(&entry)?;
             self.take(&entry, &row).await?;
         }
+        self.replaying = false;
         Ok(())
     }
 }

@@ -451,6 +451,49 @@ async fn a_group_leaving_a_group_narrows_a_lagging_stream() {
     no_event(&mut sub).await;
 }
 
+/// The same, resumed from a cursor taken before it all: the stream replays
+/// from the store past the entry that makes it read its groups again, and
+/// still delivers every change after it (it used to jump to the hub's place
+/// there and skip the rest of the replay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_stream_replays_past_a_group_leaving_a_group() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    for g in ["team", "hall"] {
+        e.create_group(&ann, g, None, Default::default())
+            .await
+            .unwrap();
+    }
+    e.add_member(&ann, "team", &user("bob")).await.unwrap();
+    e.add_member(&ann, "hall", &Principal::Group("team".into()))
+        .await
+        .unwrap();
+    let start = e.changes(&bob, None, None, 1).await.unwrap().next;
+    // A stream open before the writes starts the node's hub, whose place
+    // is past all of them when bob resumes.
+    let _live = e.subscribe(&ann, None, None).await.unwrap();
+    let post = |to: &'static str| message_to(&e, &ann, to);
+    e.remove_member(&ann, "hall", &Principal::Group("team".into()))
+        .await
+        .unwrap();
+    post("hall").await;
+    let to_team = post("team").await;
+    let to_bob = e
+        .create_item(&ann, "message", props(json!({})), share(user("bob")))
+        .await
+        .unwrap()
+        .item
+        .id;
+    // The hub reads the feed at least every 50 ms.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut sub = e.subscribe(&bob, Some(&start), None).await.unwrap();
+    assert!(matches!(next(&mut sub, "unnested").await, Event::Resync));
+    assert_eq!(put_of(next(&mut sub, "team, not hall").await), to_team);
+    assert_eq!(put_of(next(&mut sub, "bob's own").await), to_bob);
+    no_event(&mut sub).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_from_a_cursor_misses_nothing() {
     let e = common::memory();
