@@ -188,6 +188,9 @@ impl Walk {
     /// Takes the answers of [`Walk::scans`], in order.
     pub(crate) fn absorb(&mut self, answers: &[Vec<Row>]) -> Result<()> {
         let per = self.per_scan();
+        // The read after the deepest level only tells whether groups lie
+        // beyond the bound: one found there truncates the walk.
+        let beyond = self.depth >= MAX_DEPTH;
         let frontier = std::mem::take(&mut self.frontier);
         let mut next = Vec::new();
         for (
@@ -208,6 +211,9 @@ impl Walk {
                     continue;
                 }
                 if self.seen.contains(g) {
+                    if beyond {
+                        continue;
+                    }
                     // Reached another way: the caller belongs to it since
                     // the earlier of the two ways.
                     // The groups above it are read again with that way's
@@ -225,7 +231,7 @@ impl Walk {
                     }
                     continue;
                 }
-                if self.found.len() >= MAX_GROUPS {
+                if beyond || self.found.len() >= MAX_GROUPS {
                     self.truncated = true;
                     break;
                 }
@@ -250,7 +256,7 @@ impl Walk {
             }
         }
         self.depth += 1;
-        if self.truncated || self.depth >= MAX_DEPTH {
+        if self.truncated || self.depth > MAX_DEPTH {
             self.truncated |= !next.is_empty();
             next.clear();
         }

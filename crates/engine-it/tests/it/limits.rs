@@ -125,6 +125,53 @@ async fn nesting_a_victims_group_everywhere_is_bounded() {
     victim_still_works(&e, &victim).await;
 }
 
+/// A user in the innermost group of a chain as deep as the bound allows
+/// belongs to every group of it, and may still join others: the walk reads
+/// one level past the bound to see that nothing lies there (it used to
+/// count the outermost group as going on, and refused every further join).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_as_deep_as_the_bound_is_whole() {
+    let e = engine(Arc::new(tarn_store::memory::MemoryStore::new()));
+    let ann = sign_up(&e, "ann").await;
+    let eve = sign_up(&e, "eve").await;
+    for i in 0..32 {
+        e.create_group(&ann, &format!("d{i}"), None, Default::default())
+            .await
+            .unwrap();
+    }
+    for i in 0..31 {
+        e.add_member(
+            &ann,
+            &format!("d{i}"),
+            &Principal::Group(format!("d{}", i + 1)),
+        )
+        .await
+        .unwrap();
+    }
+    e.add_member(&ann, "d31", &Principal::User("eve".into()))
+        .await
+        .unwrap();
+    assert_eq!(e.me(&eve).await.unwrap().groups.len(), 32);
+    e.create_group(&ann, "flat", None, Default::default())
+        .await
+        .unwrap();
+    e.add_member(&ann, "flat", &Principal::User("eve".into()))
+        .await
+        .expect("one more group beside the chain");
+    assert_eq!(e.me(&eve).await.unwrap().groups.len(), 33);
+    // One level more is still refused.
+    e.create_group(&ann, "top", None, Default::default())
+        .await
+        .unwrap();
+    match e
+        .add_member(&ann, "top", &Principal::Group("d0".into()))
+        .await
+    {
+        Err(EngineError::Conflict(m)) => assert!(m.contains("deep"), "{m}"),
+        other => panic!("33 levels: {other:?}"),
+    }
+}
+
 /// Memberships written past the bounds anyway (by an older version, or by
 /// hand) never make reading fail: the walk stops at the bound.
 #[tokio::test]
