@@ -383,7 +383,11 @@ fn parse_etag(tag: &str) -> Option<Tag> {
     {
         return None;
     }
-    let digits = !opaque.is_empty() && opaque.bytes().all(|b| b.is_ascii_digit());
+    // As this server writes versions: decimal, no leading zero (`"01"` is
+    // another tag than `"1"`).
+    let digits = !opaque.is_empty()
+        && !opaque.starts_with('0')
+        && opaque.bytes().all(|b| b.is_ascii_digit());
     let version = (digits && opaque.len() <= 19)
         .then(|| opaque.parse::<u64>().ok())
         .flatten()
@@ -699,7 +703,15 @@ mod tests {
         assert_eq!(if_match("*").await, Ok(None));
         // Well-formed tags this server never gives match nothing (412),
         // as RFC 9110 has it; they are no malformed header.
-        for foreign in ["\"+3\"", "\"\"", "\"abc\"", "\"99999999999999999999\""] {
+        for foreign in [
+            "\"+3\"",
+            "\"\"",
+            "\"abc\"",
+            "\"99999999999999999999\"",
+            "\"03\"",
+            "\"0\"",
+            "03",
+        ] {
             assert_eq!(
                 if_match(foreign).await,
                 Ok(Some(tarn_engine::FOREIGN_TAG)),
