@@ -179,8 +179,11 @@ fn move_aside(def: &IndexDef, b: &mut Batch) -> String {
 /// The fields every item has outside its properties.
 const BUILT_IN_FIELDS: [&str; 3] = ["createdAt", "modifiedAt", "createdBy"];
 
-fn check_field(field: &str) -> Result<()> {
-    let ok = !field.is_empty() && field.len() <= 256 && field.split('.').all(|seg| !seg.is_empty());
+pub(crate) fn check_field(field: &str) -> Result<()> {
+    let ok = !field.is_empty()
+        && field.len() <= 256
+        && field.split('.').all(|seg| !seg.is_empty())
+        && !field.chars().any(char::is_control);
     if field == "$body" {
         Err(EngineError::InvalidInput(
             "$body is the item's body: a text field, never a where or sort field".into(),

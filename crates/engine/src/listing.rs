@@ -538,12 +538,18 @@ impl Engine {
                 where_values,
             });
         }
-        match building {
-            Some(name) => Err(EngineError::IndexBuilding(name)),
-            None => Err(EngineError::NoIndex {
-                declare: suggest(q.kind.as_deref(), fields, sort),
-            }),
+        if let Some(name) = building {
+            return Err(EngineError::IndexBuilding(name));
         }
+        // A field no index can have is bad input, not a missing index.
+        for f in sort.iter().map(|s| &s.field).chain(fields.keys()) {
+            if f != "kind" {
+                crate::indexes::check_field(f)?;
+            }
+        }
+        Err(EngineError::NoIndex {
+            declare: suggest(q.kind.as_deref(), fields, sort),
+        })
     }
 
     /// One page of a listing, from the index that serves it.

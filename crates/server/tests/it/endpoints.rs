@@ -860,6 +860,19 @@ async fn listings_indexes_and_cursors() {
         .as_str()
         .unwrap()
         .contains("public.profile.lastName"));
+    // A field no index can have is bad input: no index to advise.
+    for bad in [
+        "sort=a..b",
+        "sort=-.a",
+        "sort=a%00",
+        "sort=a&where.b..c=1",
+        "where.x.=1",
+    ] {
+        let r = list(format!("kind=user-home&{bad}"), None)
+            .await
+            .expect(400);
+        assert_eq!(r.json()["type"], "invalid-input", "{bad}");
+    }
     // Declare it (admins), wait for it, use it both ways.
     let decl = json!({"kind": "user-home", "sort": [{"field": "public.profile.lastName", "order": "asc"}]});
     app.call(

@@ -130,6 +130,11 @@ async fn search_over_http() {
         .await
         .expect(400);
     assert_eq!(r.json()["type"], "no-index");
+    let r = app
+        .get("/api/v1/search?q=x&kind=note&where.a..b=1", Some(&ann))
+        .await
+        .expect(400);
+    assert_eq!(r.json()["type"], "invalid-input");
     // The advice for a where-field the kind's text index lacks can be
     // followed as given: a new name, the kind's own text fields.
     let r = app
