@@ -99,7 +99,7 @@ impl Engine {
             .await?;
         let username = actor.require_user()?.to_string();
         if !actor.admin {
-            self.count_group_creation(&username).await?;
+            self.count_group_creation(&username, id).await?;
         }
         let group = Group {
             id: id.to_string(),
@@ -123,8 +123,8 @@ impl Engine {
     }
 
     /// Counts one group creation in the user's hourly window; refuses past
-    /// the limit.
-    async fn count_group_creation(&self, username: &str) -> Result<()> {
+    /// the limit, and refuses (without counting) an id already taken.
+    async fn count_group_creation(&self, username: &str, id: &str) -> Result<()> {
         const HOUR: i64 = 3600 * 1_000_000;
         let limit = self.config().groups_per_hour;
         let key = Key::new(
@@ -134,7 +134,11 @@ impl Engine {
         );
         self.retrying(|| async {
             let now = self.now();
-            let row = self.snapshot().await?.get(&key).await?;
+            let mut snap = self.snapshot().await?;
+            if snap.get(&schema::group_key(id)).await?.is_some() {
+                return Err(EngineError::Conflict(format!("the group {id} exists")));
+            }
+            let row = snap.get(&key).await?;
             let (start, count, expect, version) = match &row {
                 Some(r) => {
                     let (start, count): (i64, u32) = schema::decode("group window", r)?;

@@ -216,6 +216,11 @@ async fn group_creation_is_rate_limited_per_user() {
         e.create_group(&alice, &format!("a{i}"), None, Default::default())
             .await
             .unwrap();
+        // A creation refused because the id is taken counts for nothing.
+        match e.create_group(&alice, "a0", None, Default::default()).await {
+            Err(EngineError::Conflict(_)) => {}
+            other => panic!("a taken id: {other:?}"),
+        }
     }
     match e.create_group(&alice, "a5", None, Default::default()).await {
         Err(EngineError::RateLimited { retry_after, .. }) => assert!(retry_after > 0),
