@@ -23,16 +23,19 @@ import sys, json, base64, os
 seed = [json.loads(l) for l in open(sys.argv[1])]
 n = int(sys.argv[2])
 item = next(r for r in seed if r["type"] == "item")
+end = next(r for r in seed if r["type"] == "end")
 for r in seed:
-    if r["type"] != "item":
+    if r["type"] not in ("item", "end"):
         print(json.dumps(r))
 out = sys.stdout
+end["records"]["item"] = n
 for i in range(n):
     r = json.loads(json.dumps(item))
     r["item"]["id"] = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
     r["item"]["properties"]["rank"] = i % 1000
     r["item"]["properties"]["title"] = f"green tea note {i}"
     out.write(json.dumps(r) + "\n")
+out.write(json.dumps(end) + "\n")
 PY
   /usr/bin/time -f "import $N items: %e s, max RSS %M KiB" ./target/release/tarn import --data $T/d-$N --in $T/in-$N.ndjson 2>&1 | tail -1
   /usr/bin/time -f "export $N items: %e s, max RSS %M KiB" ./target/release/tarn export --data $T/d-$N --out $T/out-$N.ndjson 2>&1 | tail -1

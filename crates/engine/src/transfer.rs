@@ -8,7 +8,8 @@
 //! rows, kind entries, the change feed and sessions are rebuilt or started
 //! afresh. So a store moves between SQLite, PostgreSQL and Cassandra with
 //! identical listings and searches. Index declarations come first in an
-//! export, and an item's body chunks right after the item.
+//! export, an item's body chunks right after the item, and last a record
+//! that counts the others: an import refuses a file cut short.
 //!
 //! An export reads in fresh snapshots batch by batch: for an exact copy,
 //! export a store no one writes to.
@@ -71,6 +72,12 @@ pub enum Record {
         /// What the link gives.
         role: Role,
     },
+    /// The last record: how many of each type came before it, so a file
+    /// cut short is refused rather than imported in part.
+    End {
+        /// Counts by record type.
+        records: BTreeMap<String, u64>,
+    },
     /// A piece of a body.
     Chunk {
         /// The blob.
@@ -99,6 +106,7 @@ impl Moved {
             Record::Item { .. } => "item",
             Record::Link { .. } => "link",
             Record::Chunk { .. } => "chunk",
+            Record::End { .. } => return,
         };
         *self.records.entry(t.into()).or_default() += 1;
     }
@@ -181,7 +189,11 @@ impl Engine {
             }
             match next {
                 Some(n) => cursor = Some(n),
-                None => return Ok(moved),
+                None => {
+                    let records = moved.records.clone();
+                    emit(Record::End { records }, &mut moved)?;
+                    return Ok(moved);
+                }
             }
         }
     }
@@ -257,6 +269,7 @@ impl Engine {
             fresh: BTreeSet::new(),
             body: None,
             moved: Moved::default(),
+            end: None,
         }
     }
 
@@ -311,12 +324,23 @@ pub struct Importer {
     fresh: BTreeSet<Key>,
     body: Option<BodyCheck>,
     moved: Moved,
+    /// The counts of the end record, once read.
+    end: Option<BTreeMap<String, u64>>,
 }
 
 impl Importer {
     /// Adds one record.
     pub async fn add(&mut self, record: Record) -> Result<()> {
+        if self.end.is_some() {
+            return Err(EngineError::InvalidInput(
+                "a record after the end record".into(),
+            ));
+        }
         self.moved.count(&record);
+        if let Record::End { records } = record {
+            self.end = Some(records);
+            return Ok(());
+        }
         if let Record::Index { index } = record {
             if self.defs.is_some() {
                 return Err(EngineError::InvalidInput(
@@ -346,12 +370,14 @@ impl Importer {
             Record::Index { .. } => unreachable!("handled above"),
             Record::User { user } => {
                 crate::model::check_name("username", &user.username)?;
+                crate::users::check_stored_hash(&user)?;
                 let key = schema::user_key(&user.username);
                 fresh(&mut self.fresh, &key, "user", &user.username)?;
                 b.put(key, schema::encode(&user), 1);
             }
             Record::Group { group } => {
                 crate::model::check_name("group id", &group.id)?;
+                check_group(&group)?;
                 let key = schema::group_key(&group.id);
                 fresh(&mut self.fresh, &key, "group", &group.id)?;
                 b.put(key, schema::encode(&group), 1);
@@ -418,6 +444,11 @@ impl Importer {
                 );
             }
             Record::Link { item, hash, role } => {
+                if !matches!(role, Role::Viewer | Role::Editor) {
+                    return Err(EngineError::InvalidInput(format!(
+                        "a link of item {item} gives {role:?}: links give viewer or editor"
+                    )));
+                }
                 let hash = unhex(&hash).filter(|h| h.len() == 32).ok_or_else(|| {
                     EngineError::InvalidInput("a link hash is 64 hex digits".into())
                 })?;
@@ -429,7 +460,7 @@ impl Importer {
                     1,
                 );
             }
-            Record::Chunk { .. } => unreachable!("handled above"),
+            Record::Chunk { .. } | Record::End { .. } => unreachable!("handled above"),
         }
         self.flush_when_full().await
     }
@@ -488,6 +519,21 @@ impl Importer {
         }
         self.flush().await?;
         self.engine.check_imported().await?;
+        match &self.end {
+            None => {
+                return Err(EngineError::InvalidInput(
+                    "the file ends before its end record: it was cut short".into(),
+                ))
+            }
+            Some(end) if *end != self.moved.records => {
+                return Err(EngineError::InvalidInput(format!(
+                    "the end record counts {}, the file holds {}",
+                    serde_json::to_string(end).unwrap_or_default(),
+                    serde_json::to_string(&self.moved.records).unwrap_or_default()
+                )))
+            }
+            Some(_) => {}
+        }
         let engine = &self.engine;
         engine
             .retrying(|| async {
@@ -539,7 +585,14 @@ impl Importer {
             .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
             .await?;
         let mut b = Batch::new();
+        let mut names = BTreeSet::new();
         for d in &self.declared {
+            if !names.insert(d.name.as_str()) {
+                return Err(EngineError::InvalidInput(format!(
+                    "index {} comes twice",
+                    d.name
+                )));
+            }
             let mut d = d.clone();
             d.state = IndexState::Ready;
             d.uid = b64(&crate::random_bytes::<9>());
@@ -571,6 +624,12 @@ fn fresh(keys: &mut BTreeSet<Key>, key: &Key, what: &str, name: &str) -> Result<
 /// Refuses an item no write of the API could have made.
 fn check_item(engine: &Engine, item: &Item) -> Result<()> {
     engine.check_properties(item.properties.map())?;
+    if item.version == 0 {
+        return Err(EngineError::InvalidInput(format!(
+            "item {} is at version 0: versions start at 1",
+            item.id
+        )));
+    }
     if item.acl.len() > crate::items::MAX_GRANTS {
         return Err(crate::items::too_many_grants());
     }
@@ -579,6 +638,30 @@ fn check_item(engine: &Engine, item: &Item) -> Result<()> {
             "item {} has no manager",
             item.id
         )));
+    }
+    Ok(())
+}
+
+/// Refuses a group no write of the API could have made.
+fn check_group(group: &Group) -> Result<()> {
+    let bad = |why: &str| {
+        Err(EngineError::InvalidInput(format!(
+            "group {}: {why}",
+            group.id
+        )))
+    };
+    if group.managers.is_empty() {
+        return bad("a group has at least one manager");
+    }
+    if group.managers.len() > 256 {
+        return bad("a group has at most 256 managers");
+    }
+    if group
+        .managers
+        .iter()
+        .any(|m| !matches!(m, Principal::User(_) | Principal::Group(_)))
+    {
+        return bad("managers are users or groups");
     }
     Ok(())
 }
@@ -609,11 +692,24 @@ impl Engine {
                         let what = format!("ACL of item {}", item.id);
                         needs.extend(principal_key(&g.principal).map(|k| (k, what)));
                     }
+                    needs.push((
+                        schema::user_key(&item.created_by),
+                        format!("creator of item {}", item.id),
+                    ));
                 } else if key.table == ITEMS && key.clustering.first() == Some(&b'l') {
                     let id = text(&key.partition);
                     needs.push((schema::item_key(&id), format!("link of item {id}")));
                 } else if key.table == GROUPS {
-                    groups.push(text(&key.partition));
+                    let group: Group = schema::decode("group", row)?;
+                    for m in &group.managers {
+                        let what = format!("managers of group {}", group.id);
+                        needs.extend(principal_key(m).map(|k| (k, what)));
+                    }
+                    needs.push((
+                        schema::user_key(&group.created_by),
+                        format!("creator of group {}", group.id),
+                    ));
+                    groups.push(group.id);
                 }
             }
             let keys: Vec<Key> = needs.iter().map(|(k, _)| k.clone()).collect();

@@ -486,3 +486,15 @@ fn scopeguard(f: impl FnOnce()) -> impl Drop {
     }
     Guard(Some(f))
 }
+
+/// Refuses a user whose stored password hash is no Argon2id hash (from an
+/// import: the API stores nothing else).
+pub(crate) fn check_stored_hash(user: &User) -> Result<()> {
+    match argon2::password_hash::phc::PasswordHash::new(&user.password_hash) {
+        Ok(h) if h.algorithm.as_str() == "argon2id" => Ok(()),
+        _ => Err(EngineError::InvalidInput(format!(
+            "user {}: the password hash is no Argon2id hash",
+            user.username
+        ))),
+    }
+}

@@ -595,6 +595,9 @@ async fn export(args: MoveArgs) -> anyhow::Result<()> {
     }
     let store = open_store(args.store.as_deref(), &args.data, sqlite_options(true)).await?;
     let engine = Engine::new(store, EngineConfig::default());
+    if engine.import_unfinished().await? {
+        bail!("{PARTIAL}");
+    }
     let mut out: Box<dyn Write> = match &args.out {
         Some(p) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,

@@ -374,9 +374,10 @@ async fn imports_refuse_files_that_do_not_hold_together() {
         l[i] = f(&l[i]);
         l
     };
+    // Before the end record, which is last.
     let appended = |extra: &str| {
         let mut l = lines.clone();
-        l.push(extra.to_string());
+        l.insert(l.len() - 1, extra.to_string());
         l
     };
     let first_user = lines
@@ -396,6 +397,41 @@ async fn imports_refuse_files_that_do_not_hold_together() {
     };
     let mut dropped = lines.clone();
     dropped.remove(chunks[1]);
+    let first_group = lines
+        .iter()
+        .position(|l| l.contains("\"type\":\"group\""))
+        .unwrap();
+    let first_item = lines
+        .iter()
+        .position(|l| l.contains("\"type\":\"item\""))
+        .unwrap();
+    let first_link = lines
+        .iter()
+        .position(|l| l.contains("\"type\":\"link\""))
+        .unwrap();
+    let managers = |l: &str, to: &str| {
+        let at = l.find("\"managers\":[").unwrap() + "\"managers\":[".len();
+        let end = at + l[at..].find(']').unwrap();
+        format!("{}{to}{}", &l[..at], &l[end..])
+    };
+    let field = |l: &str, name: &str, to: &str| {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        let mut v = v;
+        let obj = v.as_object_mut().unwrap();
+        let inner = obj
+            .values_mut()
+            .find(|x| x.is_object())
+            .unwrap()
+            .as_object_mut()
+            .unwrap();
+        inner.insert(name.into(), serde_json::from_str(to).unwrap());
+        v.to_string()
+    };
+    let last = lines.len() - 1;
+    assert!(
+        lines[last].contains("\"type\":\"end\""),
+        "the end record last"
+    );
     let cases: Vec<(&str, Vec<String>, &str)> = vec![
         (
             "a chunk altered",
@@ -435,6 +471,82 @@ async fn imports_refuse_files_that_do_not_hold_together() {
             "an ACL naming no one",
             altered(shared_with_cat, &|l| l.replace("user:cat", "user:ghost")),
             "ghost",
+        ),
+        (
+            "a group managed by no one the file holds",
+            altered(first_group, &|l| managers(l, "\"user:ghost\"")),
+            "ghost",
+        ),
+        (
+            "a group managed by no one",
+            altered(first_group, &|l| managers(l, "")),
+            "at least one manager",
+        ),
+        (
+            "a group managed by everyone",
+            altered(first_group, &|l| managers(l, "\"everyone\"")),
+            "users or groups",
+        ),
+        (
+            "an item made by no one the file holds",
+            altered(first_item, &|l| field(l, "createdBy", "\"ghost\"")),
+            "ghost",
+        ),
+        (
+            "an item at version 0",
+            altered(first_item, &|l| field(l, "version", "0")),
+            "version 0",
+        ),
+        (
+            "a link that manages",
+            altered(first_link, &|l| {
+                l.replace("\"role\":\"viewer\"", "\"role\":\"manager\"")
+                    .replace("\"role\":\"editor\"", "\"role\":\"manager\"")
+            }),
+            "viewer or editor",
+        ),
+        (
+            "a password kept in plain text",
+            altered(first_user, &|l| field(l, "passwordHash", "\"hunter22\"")),
+            "Argon2id",
+        ),
+        (
+            "an index declared twice",
+            {
+                let mut l = lines.clone();
+                l.insert(1, l[0].clone());
+                l
+            },
+            "twice",
+        ),
+        (
+            "the end record missing",
+            lines[..last].to_vec(),
+            "cut short",
+        ),
+        (
+            "the file cut after its first items",
+            {
+                let mut l = lines[..=first_item].to_vec();
+                l.retain(|l| !l.contains("\"type\":\"chunk\""));
+                l
+            },
+            // Users come last: what names them does not hold together.
+            "which the file does not hold",
+        ),
+        (
+            "a record after the end",
+            {
+                let mut l = lines.clone();
+                l.push(lines[first_user].clone());
+                l
+            },
+            "after the end",
+        ),
+        (
+            "an end that counts otherwise",
+            altered(last, &|l| l.replace("\"user\":", "\"user\":1")),
+            "end record counts",
         ),
     ];
     for (what, file, says) in cases {

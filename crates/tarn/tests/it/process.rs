@@ -377,9 +377,11 @@ fn export_and_import_move_a_data_directory() {
     // fails at its end, and leaves a store that says so: it neither serves
     // nor takes another import.
     let bad = from.path().join("bad.ndjson");
+    // Before the end record, which is last.
+    let (body, end) = text.trim_end().rsplit_once('\n').unwrap();
     std::fs::write(
         &bad,
-        format!("{text}{{\"type\":\"member\",\"group\":\"nogroup\",\"member\":\"user:dora\"}}\n"),
+        format!("{body}\n{{\"type\":\"member\",\"group\":\"nogroup\",\"member\":\"user:dora\"}}\n{end}\n"),
     )
     .unwrap();
     let partial = tempfile::tempdir().unwrap();
@@ -410,6 +412,27 @@ fn export_and_import_move_a_data_directory() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("did not finish"));
+    // Nor is it exported as if it were whole.
+    let out = Command::new(TARN)
+        .args(["export", "--data"])
+        .arg(partial.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("did not finish"));
+    // A file cut short (its last line lost) is refused, not imported in
+    // part.
+    std::fs::write(&bad, format!("{body}\n")).unwrap();
+    let cut = tempfile::tempdir().unwrap();
+    let out = Command::new(TARN)
+        .args(["import", "--data"])
+        .arg(cut.path())
+        .arg("--in")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cut short"));
     // The moved store serves: dora signs in, the index is there and ready.
     let (mut child, addr) = crate::http::spawn_serve(|c| {
         c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
