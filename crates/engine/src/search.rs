@@ -69,8 +69,9 @@ pub const MAX_EXPANSION: usize = 32;
 /// prefixes are expanded in one), and in each later round.
 const EXPAND_FIRST: usize = 32;
 const EXPAND_ROWS: usize = 8;
-/// Rounds of a prefix's expansion.
-const EXPAND_ROUNDS: usize = 8;
+/// Rounds of a prefix's expansion: each finds at least one term more in
+/// every partition it reads, so as many as the terms a prefix keeps.
+const EXPAND_ROUNDS: usize = MAX_EXPANSION;
 /// Most index rows one search reads per word.
 pub const SCAN_BUDGET: usize = 20_000;
 /// Forward rows are read once any word has given at least this many rows
