@@ -704,6 +704,19 @@ impl Engine {
         since: Option<&str>,
         kind: Option<&str>,
     ) -> Result<Subscription> {
+        self.subscribe_from(caller, since, kind, None).await
+    }
+
+    /// [`Engine::subscribe`] for a client at `address`: streams without a
+    /// signed-in user count against the per-user limit of their address,
+    /// so one client cannot take every stream of the node.
+    pub async fn subscribe_from(
+        &self,
+        caller: &Caller,
+        since: Option<&str>,
+        kind: Option<&str>,
+        address: Option<&str>,
+    ) -> Result<Subscription> {
         // A cursor from an older server resumes at the end, after a resync.
         let key = self.cursor_key().await?.to_vec();
         let (since, stale) = match since.map(|c| decode_cursor(&key, c)).transpose() {
@@ -720,7 +733,13 @@ impl Engine {
                 Ok(self.resolve(&mut snap, caller, &[], &[]).await?.0)
             })
             .await?;
-        let slot = self.take_stream_slot(actor.username.as_deref())?;
+        // `@` starts no username: an address never counts as a user.
+        let holder = match (&actor.username, address) {
+            (Some(u), _) => Some(u.clone()),
+            (None, Some(a)) => Some(format!("@{a}")),
+            (None, None) => None,
+        };
+        let slot = self.take_stream_slot(holder.as_deref())?;
         // The hub starts (if it has not) at the feed's end as of now; then
         // listen; then pull what came before from the store: nothing falls
         // between.
@@ -769,6 +788,8 @@ impl Engine {
         })
     }
 
+    /// A place among the node's streams and among those of `user` (a
+    /// username, or `@` and the address of a client signed in as no one).
     fn take_stream_slot(&self, user: Option<&str>) -> Result<StreamSlot> {
         let hub = &self.inner.hub;
         let limits = &self.inner.config;

@@ -615,9 +615,25 @@ async fn old_cursors_are_gone_and_streams_are_limited() {
         Err(EngineError::RateLimited { .. })
     ));
     drop(sub);
-    e.subscribe(&ann, None, None)
+    let _third = e
+        .subscribe(&ann, None, None)
         .await
         .expect("a closed stream frees its place");
+    // Callers signed in as no one count per client address: one address
+    // cannot take every stream of the node.
+    let anon = |at: &'static str| e.subscribe_from(&Caller::Anonymous, None, None, Some(at));
+    let _a = anon("192.0.2.1").await.unwrap();
+    let _b = anon("192.0.2.1").await.unwrap();
+    assert!(matches!(
+        anon("192.0.2.1").await,
+        Err(EngineError::RateLimited { .. })
+    ));
+    anon("192.0.2.2").await.expect("another address");
+    // A user's streams are the user's, whatever the address.
+    assert!(matches!(
+        e.subscribe_from(&ann, None, None, Some("192.0.2.3")).await,
+        Err(EngineError::RateLimited { .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

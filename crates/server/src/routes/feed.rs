@@ -12,8 +12,10 @@ use futures_util::Stream;
 use tarn_engine::Event;
 use utoipa::IntoParams;
 
-use crate::error::{ApiError, ApiResult, BadRequest, Gone, ServiceUnavailable, Unauthorized};
-use crate::extract::{serde_urlencoded_pairs, Auth};
+use crate::error::{
+    ApiError, ApiResult, BadRequest, Gone, ServiceUnavailable, TooManyRequests, Unauthorized,
+};
+use crate::extract::{serde_urlencoded_pairs, Auth, ClientAddr};
 use crate::json::{self, Cursor, Name};
 use crate::routes::reply;
 use crate::AppState;
@@ -163,20 +165,22 @@ pub async fn changes(
     responses(
         (status = 200, description = "A stream of changes that stays open",
             content_type = "text/event-stream", body = String),
-        BadRequest, Unauthorized, ServiceUnavailable,
+        BadRequest, Unauthorized, TooManyRequests, ServiceUnavailable,
     ),
 )]
 pub async fn events(
     State(s): State<AppState>,
     auth: Auth,
+    ClientAddr(address): ClientAddr,
     params: EventsParams,
 ) -> ApiResult<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>> {
     let sub = s
         .engine
-        .subscribe(
+        .subscribe_from(
             &auth.caller,
             params.since.as_deref(),
             params.kind.as_deref(),
+            address.as_deref(),
         )
         .await?;
     let stream = futures_util::stream::unfold(Some(sub), |sub| async move {
