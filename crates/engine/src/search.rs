@@ -36,7 +36,8 @@
 //! Bounds: a query has at most [`MAX_WORDS`] words and [`MAX_QUERY`] bytes;
 //! a prefix expands to at most [`MAX_EXPANSION`] terms; one search looks at
 //! no more than [`SCAN_BUDGET`] index rows per word (past it, the page is
-//! the best of what was looked at). Writes: an item has at most
+//! the best of what was looked at); a later page of a one-word, one-term
+//! search starts its reads at its cursor, so its budget counts from there. Writes: an item has at most
 //! [`MAX_TERMS`] terms per text index, so it writes at most
 //! `MAX_TERMS × readers + 1` rows per text index.
 
@@ -589,6 +590,22 @@ impl Engine {
                 slot_terms.push((unique, expansion));
             }
         }
+        // With one word of one term, an item's score is its impact there:
+        // a later page starts its reads at the cursor's place instead of
+        // reading again the rows of every page before it.
+        let seek: Option<(u16, &str)> = match (cursor, slot_terms.as_slice()) {
+            (Some(c), [(terms, _)]) if terms.len() == 1 => {
+                let impact = if q.all {
+                    Some(c.score)
+                } else {
+                    c.score.checked_sub(MATCHED)
+                };
+                impact
+                    .and_then(|i| u16::try_from(i).ok())
+                    .map(|i| (i, c.id.as_str()))
+            }
+            _ => None,
+        };
         let mut batch = want;
         let mut slots: Vec<Slot> = slot_terms
             .into_iter()
@@ -599,13 +616,24 @@ impl Engine {
                     let mut exact = Vec::new();
                     encode_str(&mut exact, t);
                     let upper = successor(&exact).map_or(Bound::Unbounded, Bound::Excluded);
+                    // A row's clustering: the term, the impact inverted,
+                    // the item id.
+                    let lower = match seek {
+                        Some((impact, id)) => {
+                            let mut from = exact.clone();
+                            from.extend_from_slice(&(!impact).to_be_bytes());
+                            encode_str(&mut from, id);
+                            from
+                        }
+                        None => exact.clone(),
+                    };
                     for (i, p) in partitions(t).into_iter().enumerate() {
                         if expansion.as_ref().is_some_and(|e| e.lacks(i, t)) {
                             continue;
                         }
                         ranges.push((
                             p,
-                            Bound::Included(exact.clone()),
+                            Bound::Included(lower.clone()),
                             upper.clone(),
                             exact.len(),
                         ));
