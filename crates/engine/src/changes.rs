@@ -1123,11 +1123,16 @@ impl Subscription {
             self.pulling = false;
         }
         self.replaying = true;
-        for entry in entries {
-            let row = decode_row(&entry)?;
-            self.take(&entry, &row).await?;
-        }
+        let r = self.take_all(&entries).await;
         self.replaying = false;
+        r
+    }
+
+    async fn take_all(&mut self, entries: &[FeedEntry]) -> Result<()> {
+        for entry in entries {
+            let row = decode_row(entry)?;
+            self.take(entry, &row).await?;
+        }
         Ok(())
     }
 }

@@ -574,3 +574,36 @@ async fn a_signed_out_stream_gets_nothing_more() {
     }
     assert!(!text.contains("data:"), "delivered after sign-out: {text}");
 }
+
+/// Streams of callers signed in as no one count per client address (per
+/// /64 for IPv6): past the per-user limit one address is refused, another
+/// is not.
+#[tokio::test]
+async fn anonymous_streams_count_per_address() {
+    let app = TestApp::new().await;
+    let open = |addr: std::net::SocketAddr| {
+        let mut req = Request::builder()
+            .uri("/api/v1/events")
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(addr));
+        app.router.clone().oneshot(req)
+    };
+    let v4 = |last: u8| std::net::SocketAddr::from(([192, 0, 2, last], 4000));
+    let v6 = |host: u16| std::net::SocketAddr::from(([0x2001, 0xdb8, 1, 2, 0, 0, 0, host], 4000));
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let res = open(v4(1)).await.unwrap();
+        assert_eq!(res.status(), 200);
+        held.push(res);
+    }
+    assert_eq!(open(v4(1)).await.unwrap().status(), 429);
+    assert_eq!(open(v4(2)).await.unwrap().status(), 200);
+    for host in 0..16 {
+        let res = open(v6(host)).await.unwrap();
+        assert_eq!(res.status(), 200);
+        held.push(res);
+    }
+    assert_eq!(open(v6(99)).await.unwrap().status(), 429, "the same /64");
+}
