@@ -61,6 +61,10 @@ struct MoveArgs {
     /// Import: the file to read [default: stdin].
     #[arg(long = "in")]
     input: Option<PathBuf>,
+    /// Import: take a file without the end record (an export made before
+    /// 2026-11-25); a file cut short then goes unnoticed.
+    #[arg(long)]
+    no_end_record: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -635,6 +639,9 @@ async fn import(args: MoveArgs) -> anyhow::Result<()> {
         None => Box::new(std::io::BufReader::new(std::io::stdin().lock())),
     };
     let mut importer = engine.importer();
+    if args.no_end_record {
+        importer = importer.without_end_record();
+    }
     let failed = |at: String| {
         format!("{at}; the store now holds part of the file, so empty it (the embedded store: remove its directory) before importing again")
     };

@@ -374,9 +374,17 @@ async fn imports_refuse_files_that_do_not_hold_together() {
         l[i] = f(&l[i]);
         l
     };
-    // Before the end record, which is last.
+    // Before the end record, which is last, and counted there.
     let appended = |extra: &str| {
         let mut l = lines.clone();
+        let kind = serde_json::from_str::<serde_json::Value>(extra).unwrap()["type"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let mut end: serde_json::Value = serde_json::from_str(l.last().unwrap()).unwrap();
+        let n = end["records"][&kind].as_u64().unwrap_or(0);
+        end["records"][&kind] = (n + 1).into();
+        *l.last_mut().unwrap() = end.to_string();
         l.insert(l.len() - 1, extra.to_string());
         l
     };
@@ -531,8 +539,7 @@ async fn imports_refuse_files_that_do_not_hold_together() {
                 l.retain(|l| !l.contains("\"type\":\"chunk\""));
                 l
             },
-            // Users come last: what names them does not hold together.
-            "which the file does not hold",
+            "cut short",
         ),
         (
             "a record after the end",

@@ -377,8 +377,10 @@ fn export_and_import_move_a_data_directory() {
     // fails at its end, and leaves a store that says so: it neither serves
     // nor takes another import.
     let bad = from.path().join("bad.ndjson");
-    // Before the end record, which is last.
+    // Before the end record, which is last, and counted there.
     let (body, end) = text.trim_end().rsplit_once('\n').unwrap();
+    let mut end: serde_json::Value = serde_json::from_str(end).unwrap();
+    end["records"]["member"] = (end["records"]["member"].as_u64().unwrap_or(0) + 1).into();
     std::fs::write(
         &bad,
         format!("{body}\n{{\"type\":\"member\",\"group\":\"nogroup\",\"member\":\"user:dora\"}}\n{end}\n"),
@@ -433,6 +435,21 @@ fn export_and_import_move_a_data_directory() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cut short"));
+    // An export from before the end record was written is taken when
+    // asked (here the same file: what it lacks goes unnoticed).
+    let old = tempfile::tempdir().unwrap();
+    let out = Command::new(TARN)
+        .args(["import", "--no-end-record", "--data"])
+        .arg(old.path())
+        .arg("--in")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The moved store serves: dora signs in, the index is there and ready.
     let (mut child, addr) = crate::http::spawn_serve(|c| {
         c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
