@@ -23,6 +23,8 @@ use crate::{seal, unseal, Caller, Engine, Group, Principal};
 
 /// Most groups nested below one group that a nesting change examines.
 const MAX_NESTED_BELOW: usize = 1000;
+/// Most managers of one group.
+pub(crate) const MAX_MANAGERS: usize = 256;
 
 /// One page of a group's members.
 #[derive(Clone, Debug)]
@@ -135,11 +137,11 @@ impl Engine {
         self.retrying(|| async {
             let now = self.now();
             let mut snap = self.snapshot().await?;
-            if snap.get(&schema::group_key(id)).await?.is_some() {
+            let read = crate::read(&mut snap, &[schema::group_key(id), key.clone()], &[]).await?;
+            if read.rows[0].is_some() {
                 return Err(EngineError::Conflict(format!("the group {id} exists")));
             }
-            let row = snap.get(&key).await?;
-            let (start, count, expect, version) = match &row {
+            let (start, count, expect, version) = match &read.rows[1] {
                 Some(r) => {
                     let (start, count): (i64, u32) = schema::decode("group window", r)?;
                     (start, count, Expect::Version(r.version), r.version + 1)
@@ -546,10 +548,10 @@ impl Engine {
                     "a group keeps at least one manager".into(),
                 ));
             }
-            if group.managers.len() > 256 {
-                return Err(EngineError::Conflict(
-                    "a group has at most 256 managers".into(),
-                ));
+            if group.managers.len() > MAX_MANAGERS {
+                return Err(EngineError::Conflict(format!(
+                    "a group has at most {MAX_MANAGERS} managers"
+                )));
             }
             let key = schema::group_key(id);
             let mut b = Batch::new();

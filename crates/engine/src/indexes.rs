@@ -179,7 +179,23 @@ fn move_aside(def: &IndexDef, b: &mut Batch) -> String {
 /// The fields every item has outside its properties.
 const BUILT_IN_FIELDS: [&str; 3] = ["createdAt", "modifiedAt", "createdBy"];
 
-pub(crate) fn check_field(field: &str) -> Result<()> {
+/// Refuses where and sort fields no index could have: too many, or one
+/// that is not a field.
+pub(crate) fn check_fields<'a>(fields: impl Iterator<Item = &'a String>) -> Result<()> {
+    let mut n = 0;
+    for f in fields {
+        check_field(f)?;
+        n += 1;
+    }
+    if n > MAX_FIELDS {
+        return Err(EngineError::InvalidInput(format!(
+            "an index has at most {MAX_FIELDS} fields"
+        )));
+    }
+    Ok(())
+}
+
+fn check_field(field: &str) -> Result<()> {
     let ok = !field.is_empty()
         && field.len() <= 256
         && field.split('.').all(|seg| !seg.is_empty())
@@ -538,14 +554,7 @@ impl Engine {
     ) -> Result<(IndexDef, bool)> {
         check_name("index name", name)?;
         check_name("kind", kind)?;
-        if where_.len() + sort.len() > MAX_FIELDS {
-            return Err(EngineError::InvalidInput(format!(
-                "an index has at most {MAX_FIELDS} fields"
-            )));
-        }
-        for f in where_.iter().chain(sort.iter().map(|s| &s.field)) {
-            check_field(f)?;
-        }
+        check_fields(where_.iter().chain(sort.iter().map(|s| &s.field)))?;
         let unique: BTreeSet<&String> = where_.iter().collect();
         if unique.len() != where_.len() {
             return Err(EngineError::InvalidInput(

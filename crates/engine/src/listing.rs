@@ -541,12 +541,13 @@ impl Engine {
         if let Some(name) = building {
             return Err(EngineError::IndexBuilding(name));
         }
-        // A field no index can have is bad input, not a missing index.
-        for f in sort.iter().map(|s| &s.field).chain(fields.keys()) {
-            if f != "kind" {
-                crate::indexes::check_field(f)?;
-            }
-        }
+        // Fields no index can have are bad input, not a missing index
+        // (`kind` among the where keys is the listing's kind).
+        crate::indexes::check_fields(
+            sort.iter()
+                .map(|s| &s.field)
+                .chain(fields.keys().filter(|f| *f != "kind")),
+        )?;
         Err(EngineError::NoIndex {
             declare: suggest(q.kind.as_deref(), fields, sort),
         })

@@ -938,10 +938,8 @@ fn choose(
     if let Some(name) = building {
         return Err(EngineError::IndexBuilding(name));
     }
-    // A field no index can have is bad input, not a missing index.
-    for f in fields.keys() {
-        crate::indexes::check_field(f)?;
-    }
+    // Fields no index can have are bad input, not a missing index.
+    crate::indexes::check_fields(fields.keys())?;
     let k = kind.unwrap_or("KIND");
     // The advice must be one the administrator can follow: a name no index
     // has, and the fields of the kind's other text index if it has one.

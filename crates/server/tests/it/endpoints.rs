@@ -867,6 +867,8 @@ async fn listings_indexes_and_cursors() {
         "sort=a%00",
         "sort=a&where.b..c=1",
         "where.x.=1",
+        "sort=kind",
+        "sort=a,b,c,d,e&where.f=1&where.g=1&where.h=1&where.i=1",
     ] {
         let r = list(format!("kind=user-home&{bad}"), None)
             .await
