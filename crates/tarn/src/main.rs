@@ -15,6 +15,7 @@ use tarn_server::extract::Cidr;
 use tarn_server::{AppState, ServerConfig};
 use tarn_store::Store;
 use tarn_store_sqlite::{SqliteOptions, SqliteStore};
+use tokio::signal::unix::{signal, SignalKind};
 
 /// Tarn: a collaboration content server.
 ///
@@ -468,6 +469,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
+    // Listened for before the line below: a stop asked for as soon as a
+    // script reads it must find the handlers, not the default (a kill).
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     println!("tarn listening on http://{}", listener.local_addr()?);
 
     let stop = Arc::new(tokio::sync::Notify::new());
@@ -485,7 +490,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             done??;
             return Ok(());
         }
-        _ = shutdown_signal() => {}
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
     tracing::info!(
         grace_seconds = grace.as_secs(),
@@ -497,16 +503,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Err(_) => tracing::warn!("grace period over; closing the remaining connections"),
     }
     Ok(())
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-    }
 }
 
 fn parse_sort(fields: &[String]) -> Vec<SortField> {

@@ -257,6 +257,23 @@ fn help_explains_every_setting() {
     }
 }
 
+/// A stop asked for as soon as the server says it listens finds the
+/// handlers installed: exit 0, never the default action of SIGTERM (a CI run
+/// under load once saw the server killed by it).
+#[test]
+fn a_stop_right_after_listening_exits_cleanly() {
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut child, _addr) = spawn_serve(|c| {
+            c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+                .arg(dir.path());
+        });
+        terminate(&child);
+        let status = wait_exit(&mut child);
+        assert!(status.success(), "{status:?}");
+    }
+}
+
 #[test]
 fn config_file_sets_what_flags_do_not() {
     let dir = tempfile::tempdir().unwrap();
