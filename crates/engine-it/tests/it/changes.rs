@@ -419,11 +419,8 @@ async fn a_join_read_after_the_leave_still_delivers_what_came_between() {
     no_event(&mut sub).await;
 }
 
-/// A group leaving a group says nothing of who loses what: a stream behind
-/// the store narrows its groups to the store's at that entry, so nothing
-/// shared with the group left reaches it afterwards.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_group_leaving_a_group_narrows_a_lagging_stream() {
+/// ann, and bob in group `team`, itself in group `hall` (both ann's).
+async fn bob_in_team_in_hall() -> (Engine, Caller, Caller) {
     let e = common::memory();
     let ann = sign_up(&e, "ann").await;
     let bob = sign_up(&e, "bob").await;
@@ -436,6 +433,15 @@ async fn a_group_leaving_a_group_narrows_a_lagging_stream() {
     e.add_member(&ann, "hall", &Principal::Group("team".into()))
         .await
         .unwrap();
+    (e, ann, bob)
+}
+
+/// A group leaving a group says nothing of who loses what: a stream behind
+/// the store narrows its groups to the store's at that entry, so nothing
+/// shared with the group left reaches it afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_leaving_a_group_narrows_a_lagging_stream() {
+    let (e, ann, bob) = bob_in_team_in_hall().await;
     // Subscribed now, read after every write below has committed.
     let mut sub = e.subscribe(&bob, None, None).await.unwrap();
     let post = |to: &'static str| message_to(&e, &ann, to);
@@ -457,18 +463,7 @@ async fn a_group_leaving_a_group_narrows_a_lagging_stream() {
 /// there and skip the rest of the replay).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_stream_replays_past_a_group_leaving_a_group() {
-    let e = common::memory();
-    let ann = sign_up(&e, "ann").await;
-    let bob = sign_up(&e, "bob").await;
-    for g in ["team", "hall"] {
-        e.create_group(&ann, g, None, Default::default())
-            .await
-            .unwrap();
-    }
-    e.add_member(&ann, "team", &user("bob")).await.unwrap();
-    e.add_member(&ann, "hall", &Principal::Group("team".into()))
-        .await
-        .unwrap();
+    let (e, ann, bob) = bob_in_team_in_hall().await;
     let start = e.changes(&bob, None, None, 1).await.unwrap().next;
     // A stream open before the writes starts the node's hub, whose place
     // is past all of them when bob resumes.

@@ -442,26 +442,24 @@ fn export_and_import_move_a_data_directory() {
     // A file cut short (its last line lost) is refused, not imported in
     // part.
     std::fs::write(&bad, format!("{body}\n")).unwrap();
-    let cut = tempfile::tempdir().unwrap();
-    let out = Command::new(TARN)
-        .args(["import", "--data"])
-        .arg(cut.path())
-        .arg("--in")
-        .arg(&bad)
-        .output()
-        .unwrap();
+    let import_bad = |flags: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        Command::new(TARN)
+            .arg("import")
+            .args(flags)
+            .arg("--data")
+            .arg(dir.path())
+            .arg("--in")
+            .arg(&bad)
+            .output()
+            .unwrap()
+    };
+    let out = import_bad(&[]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cut short"));
     // An export from before the end record was written is taken when
     // asked (here the same file: what it lacks goes unnoticed).
-    let old = tempfile::tempdir().unwrap();
-    let out = Command::new(TARN)
-        .args(["import", "--no-end-record", "--data"])
-        .arg(old.path())
-        .arg("--in")
-        .arg(&bad)
-        .output()
-        .unwrap();
+    let out = import_bad(&["--no-end-record"]);
     assert!(
         out.status.success(),
         "{}",
