@@ -17,7 +17,7 @@ use tarn_store::{Batch, Expect, Key, Scan, Snapshot, SnapshotExt};
 use crate::actor::{membership_value, Actor, MAX_DEPTH, MAX_GROUPS};
 use crate::changes::{Delta, CHANGES};
 use crate::error::{EngineError, Result};
-use crate::model::check_name;
+use crate::model::check_new_name;
 use crate::schema::{self, MEMBERS, MEMBERSHIPS, THROTTLE};
 use crate::{seal, unseal, Caller, Engine, Group, Principal};
 
@@ -85,7 +85,7 @@ impl Engine {
         title: Option<String>,
         properties: Map<String, Value>,
     ) -> Result<Group> {
-        check_name("group id", id)?;
+        check_new_name("group id", id)?;
         self.check_properties(&properties)?;
         let title = title.unwrap_or_default();
         if title.len() > 1024 {
@@ -445,7 +445,7 @@ impl Engine {
         let lower = match cursor {
             None => Bound::Unbounded,
             Some(c) => Bound::Excluded(
-                unseal(key, b"members", c)
+                unseal(key, members_route(id).as_bytes(), c)
                     .filter(|c| !c.is_empty() && c.len() <= 200)
                     .ok_or_else(|| EngineError::InvalidInput("bad cursor".into()))?,
             ),
@@ -474,7 +474,7 @@ impl Engine {
         Ok(MemberPage {
             members,
             next: if more {
-                last.map(|l| seal(key, b"members", &l))
+                last.map(|l| seal(key, members_route(id).as_bytes(), &l))
             } else {
                 None
             },
@@ -568,4 +568,10 @@ fn too_many_below(group: &str) -> EngineError {
     EngineError::Conflict(format!(
         "too many groups are nested below {group} to nest it further"
     ))
+}
+
+/// A members cursor is sealed for its group: another group's cursor is
+/// refused, not read as a place in this one.
+fn members_route(group: &str) -> String {
+    format!("members:{group}")
 }

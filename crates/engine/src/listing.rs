@@ -106,27 +106,50 @@ struct Plan {
     where_values: Vec<Value>,
 }
 
-const CURSOR_VERSION: u8 = 2;
+const CURSOR_VERSION: u8 = 3;
 
-fn encode_cursor(key: &[u8], index: &str, direction: Direction, last: &[u8]) -> String {
+impl Plan {
+    /// What a cursor is bound to: the index and the values of its where
+    /// fields (the kind among them), so that a cursor of one listing is
+    /// refused by another instead of starting it at a foreign place.
+    fn identity(&self) -> [u8; 16] {
+        let mut bytes = Vec::with_capacity(64);
+        bytes.extend_from_slice(&(self.def.name.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(self.def.name.as_bytes());
+        for v in &self.where_values {
+            let v = v.to_string();
+            bytes.extend_from_slice(&(v.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(v.as_bytes());
+        }
+        let mut id = [0; 16];
+        id.copy_from_slice(&crate::sha256(&bytes)[..16]);
+        id
+    }
+}
+
+fn encode_cursor(key: &[u8], listing: &[u8; 16], direction: Direction, last: &[u8]) -> String {
     let mut c = vec![CURSOR_VERSION, (direction == Direction::Reverse) as u8];
-    c.push(index.len() as u8);
-    c.extend_from_slice(index.as_bytes());
+    c.extend_from_slice(listing);
     c.extend_from_slice(last);
     seal(key, b"listing", &c)
 }
 
-fn decode_cursor(key: &[u8], cursor: &str, index: &str, direction: Direction) -> Result<Vec<u8>> {
+fn decode_cursor(
+    key: &[u8],
+    cursor: &str,
+    listing: &[u8; 16],
+    direction: Direction,
+) -> Result<Vec<u8>> {
     let bad = || EngineError::InvalidInput("the cursor does not belong to this listing".into());
     let c = unseal(key, b"listing", cursor).ok_or_else(bad)?;
-    if c.len() < 3 || c[0] != CURSOR_VERSION || c[1] != (direction == Direction::Reverse) as u8 {
+    if c.len() < 18
+        || c[0] != CURSOR_VERSION
+        || c[1] != (direction == Direction::Reverse) as u8
+        || c[2..18] != listing[..]
+    {
         return Err(bad());
     }
-    let n = c[2] as usize;
-    if c.len() < 3 + n || &c[3..3 + n] != index.as_bytes() {
-        return Err(bad());
-    }
-    Ok(c[3 + n..].to_vec())
+    Ok(c[18..].to_vec())
 }
 
 /// One partition (or one clustering range of one) read by a merge.
@@ -632,7 +655,7 @@ impl Engine {
             self.plan(&defs.defs, q, &fields, sort)?
         };
         let after = match &q.cursor {
-            Some(c) => Some(decode_cursor(key, c, &plan.def.name, plan.direction)?),
+            Some(c) => Some(decode_cursor(key, c, &plan.identity(), plan.direction)?),
             None => None,
         };
         let values: Vec<Option<&Value>> = plan.where_values.iter().map(Some).collect();
@@ -678,7 +701,7 @@ impl Engine {
         let page = &rows[..rows.len().min(q.limit)];
         let next = if more {
             page.last()
-                .map(|r| encode_cursor(key, &plan.def.name, plan.direction, &r.clustering))
+                .map(|r| encode_cursor(key, &plan.identity(), plan.direction, &r.clustering))
         } else {
             None
         };
@@ -813,23 +836,25 @@ mod tests {
 
     #[test]
     fn cursors_belong_to_their_listing() {
-        let c = encode_cursor(KEY, "idx", Direction::Forward, b"\x01key");
+        const IDX: &[u8; 16] = b"idx, where x = 1";
+        const OTHER: &[u8; 16] = b"idx, where x = 2";
+        let c = encode_cursor(KEY, IDX, Direction::Forward, b"\x01key");
         // Another store's (another key's) cursor is no cursor here.
-        assert!(decode_cursor(b"another key", &c, "idx", Direction::Forward).is_err());
+        assert!(decode_cursor(b"another key", &c, IDX, Direction::Forward).is_err());
         assert_eq!(
-            decode_cursor(KEY, &c, "idx", Direction::Forward).unwrap(),
+            decode_cursor(KEY, &c, IDX, Direction::Forward).unwrap(),
             b"\x01key"
         );
-        assert!(decode_cursor(KEY, &c, "other", Direction::Forward).is_err());
-        assert!(decode_cursor(KEY, &c, "idx", Direction::Reverse).is_err());
-        assert!(decode_cursor(KEY, "!!", "idx", Direction::Forward).is_err());
+        assert!(decode_cursor(KEY, &c, OTHER, Direction::Forward).is_err());
+        assert!(decode_cursor(KEY, &c, IDX, Direction::Reverse).is_err());
+        assert!(decode_cursor(KEY, "!!", IDX, Direction::Forward).is_err());
         // Cut short or altered anywhere: refused, never read as a place.
         for n in 0..c.len() {
-            assert!(decode_cursor(KEY, &c[..n], "idx", Direction::Forward).is_err());
+            assert!(decode_cursor(KEY, &c[..n], IDX, Direction::Forward).is_err());
             let mut altered = c.clone().into_bytes();
             altered[n] = if altered[n] == b'A' { b'B' } else { b'A' };
             let altered = String::from_utf8(altered).unwrap();
-            assert!(decode_cursor(KEY, &altered, "idx", Direction::Forward).is_err());
+            assert!(decode_cursor(KEY, &altered, IDX, Direction::Forward).is_err());
         }
     }
 }

@@ -31,6 +31,19 @@ pub(crate) fn check_name(what: &str, s: &str) -> Result<()> {
     }
 }
 
+/// [`check_name`] for a new user's name or group's id, which may not be
+/// the name of a built-in principal either: a user `everyone` would show
+/// as `createdBy: "everyone"`, a member `user:everyone` beside `everyone`.
+pub(crate) fn check_new_name(what: &str, s: &str) -> Result<()> {
+    check_name(what, s)?;
+    if s == "everyone" || s == "authenticated" {
+        return Err(EngineError::InvalidInput(format!(
+            "{what} {s:?} is taken by the built-in principal {s}"
+        )));
+    }
+    Ok(())
+}
+
 /// Who can be granted access: a user, a group, any signed-in user, anyone.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Principal {

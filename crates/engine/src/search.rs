@@ -323,19 +323,44 @@ impl Ord for Place {
 
 const CURSOR_VERSION: u8 = 2;
 
-fn encode_cursor(key: &[u8], p: &Place) -> String {
+/// What a cursor is sealed for: the search's words, kind, where values,
+/// match mode and prefix, so that a cursor of one search is refused by
+/// another instead of starting it at a foreign place.
+fn search_route(q: &SearchQuery, fields: &BTreeMap<String, Value>) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(64);
+    let mut put = |b: &[u8]| {
+        bytes.extend_from_slice(&(b.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(b);
+    };
+    put(q.q.as_bytes());
+    put(q.kind.as_deref().unwrap_or("").as_bytes());
+    for (f, v) in fields {
+        put(f.as_bytes());
+        put(v.to_string().as_bytes());
+    }
+    put(&[
+        u8::from(q.kind.is_some()),
+        u8::from(q.all),
+        u8::from(q.prefix),
+    ]);
+    let mut route = b"search:".to_vec();
+    route.extend_from_slice(&crate::sha256(&bytes)[..16]);
+    route
+}
+
+fn encode_cursor(key: &[u8], route: &[u8], p: &Place) -> String {
     let mut c = vec![CURSOR_VERSION];
     c.extend_from_slice(&p.score.to_be_bytes());
     c.extend_from_slice(p.id.as_bytes());
-    seal(key, b"search", &c)
+    seal(key, route, &c)
 }
 
-fn decode_cursor(key: &[u8], c: &str) -> Result<Place> {
+fn decode_cursor(key: &[u8], route: &[u8], c: &str) -> Result<Place> {
     let bad = || EngineError::InvalidInput("the cursor does not belong to this search".into());
     if c.len() > 200 {
         return Err(bad());
     }
-    let raw = unseal(key, b"search", c).ok_or_else(bad)?;
+    let raw = unseal(key, route, c).ok_or_else(bad)?;
     if raw.len() < 10 || raw[0] != CURSOR_VERSION {
         return Err(bad());
     }
@@ -454,12 +479,14 @@ impl Engine {
             )));
         }
         let key = self.cursor_key().await?;
+        let route = search_route(q, &fields);
         let cursor = q
             .cursor
             .as_deref()
-            .map(|c| decode_cursor(key, c))
+            .map(|c| decode_cursor(key, &route, c))
             .transpose()?;
-        self.retrying(|| self.search_once(caller, q, &fields, cursor.as_ref(), key))
+        let seal = (key, route.as_slice());
+        self.retrying(|| self.search_once(caller, q, &fields, cursor.as_ref(), seal))
             .await
     }
 
@@ -469,7 +496,7 @@ impl Engine {
         q: &SearchQuery,
         fields: &BTreeMap<String, Value>,
         cursor: Option<&Place>,
-        key: &[u8],
+        (key, route): (&[u8], &[u8]),
     ) -> Result<SearchPage> {
         let mut snap = self.snapshot().await?;
         let mut res = Resolve::new(caller)?;
@@ -527,7 +554,7 @@ impl Engine {
         Ok(SearchPage {
             hits,
             next: if more {
-                page.last().map(|p| encode_cursor(key, p))
+                page.last().map(|p| encode_cursor(key, route, p))
             } else {
                 None
             },

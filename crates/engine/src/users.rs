@@ -171,7 +171,7 @@ impl Engine {
                 .await?;
             actor.require_admin()?;
         }
-        check_name("username", &new.username)?;
+        crate::model::check_new_name("username", &new.username)?;
         check_password(&new.password)?;
         self.check_properties(&new.properties)?;
         let hash = self.hash_password(&new.password).await?;

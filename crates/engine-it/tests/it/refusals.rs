@@ -266,6 +266,88 @@ async fn missing_index_names_the_index_to_declare() {
 }
 
 #[tokio::test]
+async fn a_cursor_serves_only_its_own_listing() {
+    let e = common::memory();
+    let (alice, _) = alice_bob(&e).await;
+    let sort = vec![SortField {
+        field: "n".into(),
+        order: Order::Asc,
+    }];
+    e.declare_index(
+        &admin(),
+        "doc-by-g-n",
+        "doc",
+        vec!["g".into()],
+        sort.clone(),
+    )
+    .await
+    .unwrap();
+    common::wait_ready(&e, "doc-by-g-n").await;
+    for (kind, g) in [("doc", "x"), ("doc", "y"), ("note", "x")] {
+        for n in 0..3 {
+            e.create_item(&alice, kind, props(json!({"g": g, "n": n})), vec![])
+                .await
+                .unwrap();
+        }
+    }
+    let by_g = |g: &str, cursor: Option<String>| ListQuery {
+        kind: Some("doc".into()),
+        where_: vec![("g".into(), json!(g))],
+        sort: sort.clone(),
+        limit: 2,
+        cursor,
+        ..ListQuery::default()
+    };
+    let newest = |kind: &str, cursor: Option<String>| ListQuery {
+        kind: Some(kind.into()),
+        limit: 2,
+        cursor,
+        ..ListQuery::default()
+    };
+    let x = e.list_items(&alice, &by_g("x", None)).await.unwrap();
+    let c = x.next.expect("a second page");
+    // Its own listing goes on from it ...
+    let rest = e
+        .list_items(&alice, &by_g("x", Some(c.clone())))
+        .await
+        .unwrap();
+    assert_eq!(rest.items.len(), 1);
+    // ... another where value, or another kind, refuses it.
+    let r = e.list_items(&alice, &by_g("y", Some(c))).await;
+    assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
+    let docs = e.list_items(&alice, &newest("doc", None)).await.unwrap();
+    let c = docs.next.expect("a second page");
+    assert!(e
+        .list_items(&alice, &newest("doc", Some(c.clone())))
+        .await
+        .is_ok());
+    let r = e.list_items(&alice, &newest("note", Some(c))).await;
+    assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
+}
+
+#[tokio::test]
+async fn a_members_cursor_serves_only_its_own_group() {
+    let e = common::memory();
+    let (alice, _) = alice_bob(&e).await;
+    for g in ["one", "two"] {
+        e.create_group(&alice, g, None, Default::default())
+            .await
+            .unwrap();
+        for u in ["carol", "dave", "erin"] {
+            sign_up(&e, &format!("{u}{g}")).await;
+            let p = Principal::User(format!("{u}{g}"));
+            e.add_member(&alice, g, &p).await.unwrap();
+        }
+    }
+    let page = e.list_members(&alice, "one", 2, None).await.unwrap();
+    let c = page.next.expect("a second page");
+    let rest = e.list_members(&alice, "one", 2, Some(&c)).await.unwrap();
+    assert_eq!(rest.members, vec![Principal::User("erinone".into())]);
+    let r = e.list_members(&alice, "two", 2, Some(&c)).await;
+    assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
+}
+
+#[tokio::test]
 async fn index_still_building_is_refused() {
     // A store that holds back every write to the index declarations after
     // the first (the declaration itself), so the build never marks the
@@ -381,6 +463,13 @@ async fn bad_input_is_refused() {
     assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
     let r = sign_up_with(&e, "Nope", "long enough").await;
     assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
+    // The names of the built-in principals are no one's to take.
+    for name in ["everyone", "authenticated"] {
+        let r = sign_up_with(&e, name, "long enough").await;
+        assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
+        let r = e.create_group(&alice, name, None, Default::default()).await;
+        assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
+    }
     let r = e
         .create_user(
             &Caller::Anonymous,

@@ -951,3 +951,35 @@ proptest! {
         rt.block_on(async { run_model(common::cassandra().await, ops).await });
     }
 }
+
+#[tokio::test]
+async fn a_cursor_serves_only_its_own_search() {
+    let e = common::memory();
+    title_and_description(&e).await;
+    let ann = sign_up(&e, "ann").await;
+    for n in 0..3 {
+        let p = props(json!({"title": format!("apple pear {n}")}));
+        doc(&e, &ann, p, vec![]).await;
+    }
+    let page = |text: &str, all: bool, cursor: Option<String>| SearchQuery {
+        all,
+        limit: 2,
+        cursor,
+        ..q(text)
+    };
+    let first = e.search(&ann, &page("apple", true, None)).await.unwrap();
+    let c = first.next.expect("a second page");
+    let rest = e
+        .search(&ann, &page("apple", true, Some(c.clone())))
+        .await
+        .unwrap();
+    assert_eq!(rest.hits.len(), 1);
+    // Other words, or another match mode: refused, not read as a place.
+    for (text, all) in [("pear", true), ("apple", false), ("apple pear", true)] {
+        let r = e.search(&ann, &page(text, all, Some(c.clone()))).await;
+        assert!(
+            matches!(r, Err(EngineError::InvalidInput(_))),
+            "{text}: {r:?}"
+        );
+    }
+}
