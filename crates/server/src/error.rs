@@ -252,6 +252,11 @@ impl IntoResponse for ApiError {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
+        // RFC 9110, 15.5.2: a 401 names the scheme to authenticate with.
+        if status == StatusCode::UNAUTHORIZED {
+            res.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(cause) = self.cause {
             res.extensions_mut().insert(ErrorCause(cause));
         }

@@ -595,6 +595,15 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             }
             bytes.extend_from_slice(&piece);
         }
+        // Every JSON body of the API is an object: a struct's fields given
+        // by position, as an array, would be taken by serde otherwise.
+        if bytes
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|b| *b != b'{')
+        {
+            return Err(ApiError::invalid("a JSON body is an object: {...}"));
+        }
         serde_json::from_slice(&bytes)
             .map(JsonBody)
             .map_err(|e| ApiError::invalid(format!("malformed JSON: {e}")))

@@ -138,7 +138,8 @@ async fn users_and_sessions() {
     assert_eq!(me["username"], "alice");
     assert_eq!(me["groups"], json!([]));
     assert_eq!(me["admin"], false);
-    app.get("/api/v1/me", None).await.expect(401);
+    let r = app.get("/api/v1/me", None).await.expect(401);
+    assert_eq!(r.header("www-authenticate"), Some("Bearer"));
     app.get("/api/v1/me", Some("not-a-token")).await.expect(401);
     let r = app
         .call_with(
@@ -1103,6 +1104,13 @@ async fn malformed_requests_are_problems() {
         .as_str()
         .unwrap()
         .contains("malformed JSON"));
+    // A struct's fields given by position are not an object.
+    let r = app
+        .raw(raw("[\"doc\", {}]", "application/json"))
+        .await
+        .expect(400);
+    assert_eq!(r.json()["type"], "invalid-input");
+    assert!(r.json()["detail"].as_str().unwrap().contains("object"));
     app.raw(raw("{\"kind\":\"doc\"}", "text/plain"))
         .await
         .expect(415);
