@@ -603,6 +603,14 @@ export interface components {
             changes: components["schemas"]["Change"][];
             /** @description Where to read on from. */
             next: components["schemas"]["Cursor"];
+            /**
+             * @description Present, and `true`, when the caller's groups changed within the
+             *     changes this page covers (it, or a group it is in, joined or left a
+             *     group): items came into or left its view without a change of their
+             *     own, so the client re-lists what it shows, as after a stream's
+             *     `event: resync`.
+             */
+            resync?: boolean;
         };
         /** @description Opaque: the `next` of the previous page */
         Cursor: string;

@@ -166,6 +166,12 @@ pub struct ChangePage {
     pub changes: Vec<Change>,
     /// Where to read on from.
     pub next: String,
+    /// The caller's groups changed within the entries this page looked
+    /// at (it, or a group it is in, joined or left a group): items came
+    /// into or went out of its view with no change of their own, and
+    /// changes before that point were filtered with its groups of now.
+    /// The client re-lists what it shows, as on a stream's resync.
+    pub resync: bool,
 }
 
 /// What a subscription yields.
@@ -260,6 +266,17 @@ pub(crate) fn record_member(b: &mut Batch, at: i64, principal: &Principal, delta
 }
 
 /// What `principals` see of one entry, if anything.
+/// Whether an entry changed the groups of the caller: its principal is
+/// the caller or one of the caller's groups.
+fn moves_groups_of(row: &ChangeRow, actor: &Actor) -> bool {
+    let What::Member { principal, .. } = &row.what else {
+        return false;
+    };
+    principal
+        .parse::<Principal>()
+        .is_ok_and(|p| actor.principals.contains(&p))
+}
+
 fn view(
     key: &[u8],
     entry: &FeedEntry,
@@ -663,12 +680,14 @@ impl Engine {
                 return Ok(ChangePage {
                     changes: Vec::new(),
                     next: encode_cursor(key, &end),
+                    resync: false,
                 });
             };
             check_not_trimmed(&own.rows[0], &since)?;
             let mut changes = Vec::new();
             let mut cursor = since;
             let mut looked = 0;
+            let mut resync = false;
             while changes.len() < limit && looked < PULL_BUDGET {
                 let entries = snap.read_feed(CHANGES, Some(&cursor), READ_BATCH).await?;
                 let n = entries.len();
@@ -676,6 +695,7 @@ impl Engine {
                     looked += 1;
                     let row = decode_row(&entry)?;
                     cursor = entry.cursor.clone();
+                    resync |= moves_groups_of(&row, &actor);
                     if let Some(c) = view(key, &entry, &row, &actor, kind) {
                         changes.push(c);
                         if changes.len() == limit {
@@ -690,6 +710,7 @@ impl Engine {
             Ok(ChangePage {
                 changes,
                 next: encode_cursor(key, &cursor),
+                resync,
             })
         })
         .await

@@ -1093,6 +1093,14 @@ pub struct ChangePage<'a> {
     /// Where to read on from.
     #[schema(value_type = Cursor)]
     pub next: &'a str,
+    /// Present, and `true`, when the caller's groups changed within the
+    /// changes this page covers (it, or a group it is in, joined or left a
+    /// group): items came into or left its view without a change of their
+    /// own, so the client re-lists what it shows, as after a stream's
+    /// `event: resync`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[schema(required = false)]
+    pub resync: bool,
 }
 
 // ---------------------------------------------------------------- system

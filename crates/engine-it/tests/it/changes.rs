@@ -160,6 +160,51 @@ async fn pulls_show_each_caller_what_they_may_read() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulls_say_when_the_callers_groups_changed() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    sign_up(&e, "cat").await;
+    for g in ["room", "team", "hall"] {
+        e.create_group(&ann, g, None, Default::default())
+            .await
+            .unwrap();
+    }
+    let pull = |since: String| {
+        let (e, bob) = (e.clone(), bob.clone());
+        async move { e.changes(&bob, Some(&since), None, 50).await.unwrap() }
+    };
+    let mut at = e.changes(&bob, None, None, 50).await.unwrap().next;
+    // Others' memberships, and a write bob sees: no resync.
+    e.add_member(&ann, "room", &user("cat")).await.unwrap();
+    e.create_item(&ann, "doc", props(json!({})), share(user("bob")))
+        .await
+        .unwrap();
+    let page = pull(at).await;
+    assert_eq!(page.changes.len(), 1);
+    assert!(!page.resync, "cat's join is not bob's");
+    at = page.next;
+    // Bob joins; a group bob is in joins another; bob leaves: each a resync,
+    // once (the next page starts past it).
+    let resync_once = |at: String, what: &'static str| {
+        let pull = &pull;
+        async move {
+            let page = pull(at).await;
+            assert!(page.resync, "{what}");
+            assert!(!pull(page.next.clone()).await.resync, "{what}: once");
+            page.next
+        }
+    };
+    e.add_member(&ann, "team", &user("bob")).await.unwrap();
+    at = resync_once(at, "join").await;
+    let team = Principal::Group("team".into());
+    e.add_member(&ann, "hall", &team).await.unwrap();
+    at = resync_once(at, "nesting").await;
+    e.remove_member(&bob, "team", &user("bob")).await.unwrap();
+    resync_once(at, "leave").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_follow_memberships() {
     let e = common::memory();
     let ann = sign_up(&e, "ann").await;

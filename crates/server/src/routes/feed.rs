@@ -143,6 +143,7 @@ pub async fn changes(
         &json::ChangePage {
             changes: page.changes.iter().map(json::Change::from).collect(),
             next: &page.next,
+            resync: page.resync,
         },
     ))
 }

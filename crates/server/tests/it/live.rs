@@ -298,6 +298,43 @@ async fn changes_over_http() {
         changes[1].get("item").is_none(),
         "a remove says nothing more"
     );
+    assert!(page.get("resync").is_none(), "{page}");
+    // Bob joining a group: the page that covers it says to re-list.
+    let next = page["next"].as_str().unwrap().to_string();
+    app.call(
+        Method::POST,
+        "/api/v1/groups",
+        Some(&ann),
+        Some(json!({"id": "room"})),
+    )
+    .await
+    .expect(201);
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/room/members/user:bob",
+        Some(&ann),
+        None,
+    )
+    .await
+    .expect(204);
+    // (A store may show a commit to the feed a little later: pull on.)
+    let mut next = next;
+    let mut resync = false;
+    for _ in 0..50 {
+        let page = app
+            .get(&format!("/api/v1/changes?since={next}"), Some(&bob))
+            .await
+            .expect(200)
+            .json();
+        if page["resync"] == true {
+            resync = true;
+            break;
+        }
+        assert!(page.get("resync").is_none(), "{page}");
+        next = page["next"].as_str().unwrap().to_string();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(resync, "a page said bob's groups changed");
     for bad in [
         "since=%21%21",
         "since=",
