@@ -1003,6 +1003,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1072,6 +1074,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1136,6 +1140,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1235,6 +1241,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1296,6 +1304,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1375,6 +1385,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1459,6 +1471,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1520,6 +1534,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1599,6 +1615,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1677,6 +1695,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1729,6 +1749,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1803,6 +1825,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1889,6 +1913,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1976,6 +2002,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2033,6 +2061,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2120,6 +2150,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2187,6 +2219,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2281,6 +2315,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2392,6 +2428,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2520,6 +2558,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2607,6 +2647,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2714,6 +2756,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2817,6 +2861,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2875,6 +2921,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2957,6 +3005,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -3019,6 +3069,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -3106,6 +3158,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -3184,6 +3238,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -3246,6 +3302,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -3388,6 +3446,8 @@ export interface operations {
             /** @description Unauthorized: `unauthenticated` */
             401: {
                 headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {

@@ -170,7 +170,9 @@ pub struct ChangePage {
     /// at (it, or a group it is in, joined or left a group): items came
     /// into or went out of its view with no change of their own, and
     /// changes before that point were filtered with its groups of now.
-    /// The client re-lists what it shows, as on a stream's resync.
+    /// The client re-lists what it shows, as on a stream's resync. (A
+    /// change through a group the caller has left since is told by the
+    /// leave's entry, on that entry's page.)
     pub resync: bool,
 }
 
@@ -265,18 +267,21 @@ pub(crate) fn record_member(b: &mut Batch, at: i64, principal: &Principal, delta
     b.append(CHANGES, schema::encode(&row));
 }
 
-/// What `principals` see of one entry, if anything.
 /// Whether an entry changed the groups of the caller: its principal is
-/// the caller or one of the caller's groups.
-fn moves_groups_of(row: &ChangeRow, actor: &Actor) -> bool {
+/// the caller, or a group the caller reached when the entry was written
+/// (a group it reaches now and joined after the entry does not count).
+/// A group the caller has left since is not seen here; the leave's own
+/// entry, which names the caller or a group it still reaches, is.
+fn moves_groups_of(entry: &FeedEntry, row: &ChangeRow, actor: &Actor) -> bool {
     let What::Member { principal, .. } = &row.what else {
         return false;
     };
     principal
         .parse::<Principal>()
-        .is_ok_and(|p| actor.principals.contains(&p))
+        .is_ok_and(|p| actor.saw_through(&p, &entry.cursor))
 }
 
+/// What `principals` see of one entry, if anything.
 fn view(
     key: &[u8],
     entry: &FeedEntry,
@@ -695,7 +700,7 @@ impl Engine {
                     looked += 1;
                     let row = decode_row(&entry)?;
                     cursor = entry.cursor.clone();
-                    resync |= moves_groups_of(&row, &actor);
+                    resync |= moves_groups_of(&entry, &row, &actor);
                     if let Some(c) = view(key, &entry, &row, &actor, kind) {
                         changes.push(c);
                         if changes.len() == limit {

@@ -109,17 +109,26 @@ struct Plan {
 const CURSOR_VERSION: u8 = 3;
 
 impl Plan {
-    /// What a cursor is bound to: the index and the values of its where
-    /// fields (the kind among them), so that a cursor of one listing is
-    /// refused by another instead of starting it at a foreign place.
+    /// What a cursor is bound to: the index (its uid, never reused, so an
+    /// index declared again under a dropped one's name refuses the old
+    /// cursors) and the encoded values of its where fields, so that a
+    /// cursor of one listing is refused by another instead of starting it
+    /// at a foreign place. (The kind is the index's, or, for the built-in
+    /// ones, among the where values.)
     fn identity(&self) -> [u8; 16] {
+        let index = if self.def.uid.is_empty() {
+            &self.def.name
+        } else {
+            &self.def.uid
+        };
         let mut bytes = Vec::with_capacity(64);
-        bytes.extend_from_slice(&(self.def.name.len() as u32).to_be_bytes());
-        bytes.extend_from_slice(self.def.name.as_bytes());
+        bytes.extend_from_slice(&(index.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(index.as_bytes());
         for v in &self.where_values {
-            let v = v.to_string();
+            // The bytes that name the partition: `1` and `1.0` alike.
+            let v = crate::keys::encoded(Some(v), Order::Asc);
             bytes.extend_from_slice(&(v.len() as u32).to_be_bytes());
-            bytes.extend_from_slice(v.as_bytes());
+            bytes.extend_from_slice(&v);
         }
         let mut id = [0; 16];
         id.copy_from_slice(&crate::sha256(&bytes)[..16]);

@@ -336,7 +336,7 @@ fn search_route(q: &SearchQuery, fields: &BTreeMap<String, Value>) -> Vec<u8> {
     put(q.kind.as_deref().unwrap_or("").as_bytes());
     for (f, v) in fields {
         put(f.as_bytes());
-        put(v.to_string().as_bytes());
+        put(&crate::keys::encoded(Some(v), crate::Order::Asc));
     }
     put(&[
         u8::from(q.kind.is_some()),
@@ -485,8 +485,8 @@ impl Engine {
             .as_deref()
             .map(|c| decode_cursor(key, &route, c))
             .transpose()?;
-        let seal = (key, route.as_slice());
-        self.retrying(|| self.search_once(caller, q, &fields, cursor.as_ref(), seal))
+        let sealing = (key, route.as_slice());
+        self.retrying(|| self.search_once(caller, q, &fields, cursor.as_ref(), sealing))
             .await
     }
 

@@ -6,7 +6,7 @@ use tarn_store::{Batch, Expect, Key, Scan, SnapshotExt};
 
 use crate::actor::{invalid_session, session_hash, token_user};
 use crate::error::{EngineError, Result};
-use crate::model::check_name;
+use crate::model::{check_name, check_new_name};
 use crate::schema::{self, SessionRow, USER_SESSIONS};
 use crate::{b64, random_bytes, Caller, Engine, User};
 
@@ -171,7 +171,7 @@ impl Engine {
                 .await?;
             actor.require_admin()?;
         }
-        crate::model::check_new_name("username", &new.username)?;
+        check_new_name("username", &new.username)?;
         check_password(&new.password)?;
         self.check_properties(&new.properties)?;
         let hash = self.hash_password(&new.password).await?;

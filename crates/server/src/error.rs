@@ -300,6 +300,16 @@ pub fn problem_response(status: StatusCode) -> utoipa::openapi::Response {
                 .build(),
         );
     }
+    if status == StatusCode::UNAUTHORIZED {
+        response = response.header(
+            "WWW-Authenticate",
+            HeaderBuilder::new()
+                .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+                .description(Some("`Bearer`: the scheme to authenticate with"))
+                .extensions(Some(keywords([("required", true.into())])))
+                .build(),
+        );
+    }
     if status == StatusCode::RANGE_NOT_SATISFIABLE {
         response = response.header(
             "Content-Range",

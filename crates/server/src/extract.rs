@@ -595,14 +595,17 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             }
             bytes.extend_from_slice(&piece);
         }
-        // Every JSON body of the API is an object: a struct's fields given
-        // by position, as an array, would be taken by serde otherwise.
+        // Every JSON body of the API is an object: serde would take a
+        // struct's fields by position from an array. (Any other value is
+        // refused by serde itself, with a clearer message.)
         if bytes
             .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .is_some_and(|b| *b != b'{')
+            .find(|b| !b" \t\r\n".contains(b))
+            .is_some_and(|b| *b == b'[')
         {
-            return Err(ApiError::invalid("a JSON body is an object: {...}"));
+            return Err(ApiError::invalid(
+                "a JSON body is an object: {...}, not an array",
+            ));
         }
         serde_json::from_slice(&bytes)
             .map(JsonBody)

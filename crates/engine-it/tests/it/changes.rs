@@ -159,49 +159,66 @@ async fn pulls_show_each_caller_what_they_may_read() {
     }
 }
 
+/// A poller was never told when its groups changed: items that came or
+/// went with a join or a leave made no change of their own, and its view
+/// went stale in silence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pulls_say_when_the_callers_groups_changed() {
     let e = common::memory();
     let ann = sign_up(&e, "ann").await;
     let bob = sign_up(&e, "bob").await;
     sign_up(&e, "cat").await;
-    for g in ["room", "team", "hall"] {
+    for g in ["room", "team", "hall", "club"] {
         e.create_group(&ann, g, None, Default::default())
             .await
             .unwrap();
     }
     let pull = |since: String| {
         let (e, bob) = (e.clone(), bob.clone());
-        async move { e.changes(&bob, Some(&since), None, 50).await.unwrap() }
+        async move { e.changes(&bob, Some(&since), None, 1).await.unwrap() }
     };
-    let mut at = e.changes(&bob, None, None, 50).await.unwrap().next;
-    // Others' memberships, and a write bob sees: no resync.
+    // A write bob sees, one page each.
+    let to_bob = || e.create_item(&ann, "doc", props(json!({})), share(user("bob")));
+    let mut at = e.changes(&bob, None, None, 1).await.unwrap().next;
+    // Others' memberships: no resync.
     e.add_member(&ann, "room", &user("cat")).await.unwrap();
-    e.create_item(&ann, "doc", props(json!({})), share(user("bob")))
-        .await
-        .unwrap();
+    to_bob().await.unwrap();
     let page = pull(at).await;
     assert_eq!(page.changes.len(), 1);
     assert!(!page.resync, "cat's join is not bob's");
     at = page.next;
-    // Bob joins; a group bob is in joins another; bob leaves: each a resync,
-    // once (the next page starts past it).
-    let resync_once = |at: String, what: &'static str| {
-        let pull = &pull;
-        async move {
-            let page = pull(at).await;
-            assert!(page.resync, "{what}");
-            assert!(!pull(page.next.clone()).await.resync, "{what}: once");
-            page.next
-        }
-    };
-    e.add_member(&ann, "team", &user("bob")).await.unwrap();
-    at = resync_once(at, "join").await;
+    // A nesting of a group bob joins only later: not his change then.
+    let club = Principal::Group("club".into());
+    e.add_member(&ann, "hall", &club).await.unwrap();
+    to_bob().await.unwrap();
+    e.add_member(&ann, "club", &user("bob")).await.unwrap();
+    to_bob().await.unwrap();
+    let page = pull(at).await;
+    assert!(!page.resync, "club joined hall before bob joined club");
+    let page = pull(page.next).await;
+    assert!(page.resync, "bob's join");
+    at = page.next;
+    // A group bob is in joins another; bob leaves: each a resync, on the
+    // page that covers it and not the next.
     let team = Principal::Group("team".into());
+    e.add_member(&ann, "team", &user("bob")).await.unwrap();
+    to_bob().await.unwrap();
     e.add_member(&ann, "hall", &team).await.unwrap();
-    at = resync_once(at, "nesting").await;
+    to_bob().await.unwrap();
+    for what in ["join", "nesting"] {
+        let page = pull(at).await;
+        assert!(page.resync, "{what}");
+        at = page.next;
+    }
     e.remove_member(&bob, "team", &user("bob")).await.unwrap();
-    resync_once(at, "leave").await;
+    to_bob().await.unwrap();
+    to_bob().await.unwrap();
+    let page = pull(at).await;
+    assert!(page.resync, "leave");
+    at = page.next;
+    let page = pull(at).await;
+    assert_eq!(page.changes.len(), 1);
+    assert!(!page.resync, "a write after the leave");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -265,6 +265,8 @@ async fn missing_index_names_the_index_to_declare() {
     );
 }
 
+/// A cursor of one listing, taken by another (another where value, kind
+/// or index of the same name), started it at a foreign place.
 #[tokio::test]
 async fn a_cursor_serves_only_its_own_listing() {
     let e = common::memory();
@@ -323,8 +325,24 @@ async fn a_cursor_serves_only_its_own_listing() {
         .is_ok());
     let r = e.list_items(&alice, &newest("note", Some(c))).await;
     assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
+    // The index dropped and declared again under its name: a new index.
+    let c = e.list_items(&alice, &by_g("x", None)).await.unwrap().next;
+    e.drop_index(&admin(), "doc-by-g-n").await.unwrap();
+    e.declare_index(
+        &admin(),
+        "doc-by-g-n",
+        "doc",
+        vec!["g".into()],
+        sort.clone(),
+    )
+    .await
+    .unwrap();
+    common::wait_ready(&e, "doc-by-g-n").await;
+    let r = e.list_items(&alice, &by_g("x", c)).await;
+    assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
 }
 
+/// A members cursor of one group, taken to another, answered an empty page.
 #[tokio::test]
 async fn a_members_cursor_serves_only_its_own_group() {
     let e = common::memory();

@@ -967,6 +967,8 @@ async fn a_cursor_serves_only_its_own_search() {
         cursor,
         ..q(text)
     };
+    // A cursor of one search, taken by another, started it at a foreign
+    // place instead of being refused.
     let first = e.search(&ann, &page("apple", true, None)).await.unwrap();
     let c = first.next.expect("a second page");
     let rest = e
@@ -974,12 +976,25 @@ async fn a_cursor_serves_only_its_own_search() {
         .await
         .unwrap();
     assert_eq!(rest.hits.len(), 1);
-    // Other words, or another match mode: refused, not read as a place.
-    for (text, all) in [("pear", true), ("apple", false), ("apple pear", true)] {
-        let r = e.search(&ann, &page(text, all, Some(c.clone()))).await;
+    // Other words, match mode, prefix or kind: refused.
+    let others = [
+        page("pear", true, Some(c.clone())),
+        page("apple", false, Some(c.clone())),
+        page("apple pear", true, Some(c.clone())),
+        SearchQuery {
+            prefix: true,
+            ..page("apple", true, Some(c.clone()))
+        },
+        SearchQuery {
+            kind: None,
+            ..page("apple", true, Some(c.clone()))
+        },
+    ];
+    for other in others {
+        let r = e.search(&ann, &other).await;
         assert!(
             matches!(r, Err(EngineError::InvalidInput(_))),
-            "{text}: {r:?}"
+            "{other:?}: {r:?}"
         );
     }
 }

@@ -1111,6 +1111,10 @@ async fn malformed_requests_are_problems() {
         .expect(400);
     assert_eq!(r.json()["type"], "invalid-input");
     assert!(r.json()["detail"].as_str().unwrap().contains("object"));
+    // Leading whitespace before the object is JSON too.
+    app.raw(raw(" \n{\"kind\":\"doc\"}", "application/json"))
+        .await
+        .expect(201);
     app.raw(raw("{\"kind\":\"doc\"}", "text/plain"))
         .await
         .expect(415);
