@@ -301,26 +301,30 @@ impl BodyUpload {
         if full == 0 {
             return Ok(());
         }
-        let mut b = Batch::new();
-        if !self.stored {
-            b.put(self.pending.clone(), self.blob.as_bytes().to_vec(), 1);
-        }
-        for piece in self.buf[..full].chunks(CHUNK) {
-            b.put(
-                schema::chunk_key(&self.blob, self.next_chunk),
-                piece.to_vec(),
-                1,
-            );
-            self.next_chunk += 1;
-        }
-        self.buf.drain(..full);
+        let register = !self.stored;
+        let first = self.next_chunk;
         // Set before writing: a write whose outcome is unknown may have
         // stored chunks, which dropping the upload must then remove.
         self.stored = true;
-        let engine = &self.engine;
+        let (engine, blob, pending, bytes) =
+            (&self.engine, &self.blob, &self.pending, &self.buf[..full]);
+        // Each attempt copies the bytes into its batch once (a batch built
+        // outside and cloned for each attempt copied every chunk twice).
         engine
-            .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
-            .await
+            .retrying(|| async {
+                let mut b = Batch::new();
+                if register {
+                    b.put(pending.clone(), blob.as_bytes().to_vec(), 1);
+                }
+                for (n, piece) in (first..).zip(bytes.chunks(CHUNK)) {
+                    b.put(schema::chunk_key(blob, n), piece.to_vec(), 1);
+                }
+                Ok(engine.store().write(b).await?)
+            })
+            .await?;
+        self.next_chunk += full.div_ceil(CHUNK) as u64;
+        self.buf.drain(..full);
+        Ok(())
     }
 
     /// Stores the last bytes and points the item at the new body, if the
