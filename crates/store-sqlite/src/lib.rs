@@ -32,6 +32,11 @@
 //!   `tarn export`, to read the file.
 //! - **Checkpoints** run on their own thread, so neither the writer's
 //!   commits nor the readers wait for them.
+//! - **Values past 64 KiB** (body chunks) live in `values.dat` beside the
+//!   database, written once and fsynced before the commit that points at
+//!   them, instead of through the WAL and again by the checkpointer
+//!   (`values`). A snapshot reads them like any row; their space is given
+//!   back and reused only once no open snapshot can still read them.
 //! - Both queues are bounded: past the bound a write is refused at once
 //!   with [`StoreError::Unavailable`] (the server answers 503), and a
 //!   snapshot that finds every read connection busy for longer than a short
@@ -41,6 +46,7 @@
 
 #![warn(missing_docs)]
 
+mod values;
 mod vfs;
 
 use std::fs::File;
@@ -58,6 +64,8 @@ use tarn_store::{
     Snapshot, Store, StoreError, StoreResult, Table, MAX_READ_ROWS,
 };
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+
+use crate::values::{Horizon, ValueFile};
 
 /// The most writes combined into one transaction.
 const MAX_GROUP: usize = 512;
@@ -174,11 +182,17 @@ struct Inner {
     dir: PathBuf,
 }
 
-/// The read connections: a semaphore counts free ones, a channel holds them.
+/// The read connections: a semaphore counts free ones, a channel holds them,
+/// each with its slot in the horizon.
 struct ReadPool {
     free: Arc<Semaphore>,
-    put: Sender<Connection>,
-    take: Receiver<Connection>,
+    put: Sender<(Connection, usize)>,
+    take: Receiver<(Connection, usize)>,
+    /// Where each connection's snapshot began (see `values`).
+    horizon: Arc<Horizon>,
+    /// The value file, read through by every snapshot.
+    values: Arc<File>,
+    shared: Arc<Shared>,
 }
 
 impl Drop for Inner {
@@ -248,20 +262,25 @@ impl SqliteStore {
         let db = dir.join(DB_FILE);
         let mut writer = open_writer(&db, &options).map_err(map_err)?;
         let readers = options.readers.max(1);
+        let horizon = Arc::new(Horizon::new(readers));
+        let values = ValueFile::open(&dir, &writer, horizon.clone()).map_err(map_err)?;
         let (put, take) = crossbeam_channel::bounded(readers);
-        for _ in 0..readers {
+        for slot in 0..readers {
             let conn = open_reader(&db, &options).map_err(map_err)?;
-            put.send(conn)
+            put.send((conn, slot))
                 .expect("the pool has room for every connection");
         }
+        let shared = Arc::new(Shared::default());
         let pool = Arc::new(ReadPool {
             free: Arc::new(Semaphore::new(readers)),
             put,
             take,
+            horizon,
+            values: values.file(),
+            shared: shared.clone(),
         });
         let (small_tx, small_rx) = crossbeam_channel::unbounded::<WriteJob>();
         let (large_tx, large_rx) = crossbeam_channel::unbounded::<WriteJob>();
-        let shared = Arc::new(Shared::default());
         let mut threads = Vec::with_capacity(2);
         let writer_shared = shared.clone();
         let frames = shared.clone();
@@ -277,7 +296,9 @@ impl SqliteStore {
         threads.push(
             std::thread::Builder::new()
                 .name("sqlite-write".into())
-                .spawn(move || writer_loop(writer, small_rx, large_rx, writer_shared, wal_pages))
+                .spawn(move || {
+                    writer_loop(writer, values, small_rx, large_rx, writer_shared, wal_pages)
+                })
                 .map_err(|e| StoreError::Other(format!("cannot start writer: {e}")))?,
         );
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
@@ -419,7 +440,17 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
          CREATE TABLE IF NOT EXISTS feed_seq (
              tbl TEXT NOT NULL PRIMARY KEY,
              last INTEGER NOT NULL
-         );",
+         );
+         CREATE TABLE IF NOT EXISTS values_freed (
+             id INTEGER PRIMARY KEY,
+             off INTEGER NOT NULL,
+             len INTEGER NOT NULL
+         );
+         CREATE TABLE IF NOT EXISTS values_free (
+             off INTEGER PRIMARY KEY,
+             len INTEGER NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS values_free_len ON values_free (len, off);",
     )?;
     // Stores made before values could live in `big` have no `big` columns:
     // their large values stay where they are (and read as before) until
@@ -432,7 +463,25 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
             conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN big INTEGER"))?;
         }
     }
-    // A value in `big` goes with its row: replaced, or deleted.
+    // A value in the value file is a `big` row with its range there
+    // (`values`); stores made before it have no such columns.
+    for column in ["off", "len"] {
+        let has: bool = conn
+            .prepare("SELECT 1 FROM pragma_table_info('big') WHERE name = ?1")?
+            .exists([column])?;
+        if !has {
+            conn.execute_batch(&format!("ALTER TABLE big ADD COLUMN {column} INTEGER"))?;
+        }
+    }
+    // A value in `big` goes with its row: replaced, or deleted; its range
+    // of the value file, if it has one, waits in `values_freed` until no
+    // snapshot can read it.
+    conn.execute_batch(
+        "CREATE TRIGGER IF NOT EXISTS big_range_freed AFTER DELETE ON big
+             WHEN old.off IS NOT NULL
+             BEGIN INSERT INTO values_freed (off, len)
+                 VALUES (old.off, (old.len + 4095) / 4096 * 4096); END;",
+    )?;
     conn.execute_batch(
         "CREATE TRIGGER IF NOT EXISTS rows_big_replaced AFTER UPDATE OF big ON rows
              WHEN old.big IS NOT NULL AND old.big IS NOT new.big
@@ -608,10 +657,17 @@ fn spills(bytes: usize) -> bool {
     bytes + 32 > MAX_LOCAL
 }
 
-/// Keeps a value in `big`; answers its id there.
-fn put_big(conn: &Connection, value: &[u8]) -> rusqlite::Result<i64> {
-    conn.prepare_cached("INSERT INTO big (value) VALUES (?1)")?
-        .execute(params![value])?;
+/// Keeps a value in `big`, or, past [`values::FILE_VALUE`] bytes, in the
+/// value file with its range in `big`; answers its id in `big`.
+fn put_big(conn: &Connection, values: &mut ValueFile, value: &[u8]) -> rusqlite::Result<i64> {
+    if value.len() > values::FILE_VALUE {
+        let off = values.put(conn, value)?;
+        conn.prepare_cached("INSERT INTO big (value, off, len) VALUES (x'', ?1, ?2)")?
+            .execute(params![off, value.len() as i64])?;
+    } else {
+        conn.prepare_cached("INSERT INTO big (value) VALUES (?1)")?
+            .execute(params![value])?;
+    }
     Ok(conn.last_insert_rowid())
 }
 
@@ -621,25 +677,31 @@ const GET_SQL: &str =
     "SELECT value, version, big FROM rows WHERE tbl = ?1 AND part = ?2 AND clus = ?3";
 
 /// A row's value: the one in column `value` of the row, or the one in
-/// `big` that column `big` points to.
+/// `big` that column `big` points to, or the range of the value file that
+/// row of `big` points to.
 fn value_of(
     conn: &Connection,
+    file: &File,
     r: &rusqlite::Row<'_>,
     value: usize,
     big: usize,
 ) -> rusqlite::Result<Vec<u8>> {
     match r.get::<_, Option<i64>>(big)? {
         None => r.get(value),
-        Some(id) => conn
-            .prepare_cached("SELECT value FROM big WHERE id = ?1")?
-            .query_row(params![id], |b| b.get(0))
-            .optional()?
-            .ok_or_else(|| {
-                rusqlite::Error::SqliteFailure(
+        Some(id) => {
+            let found: Option<(Vec<u8>, Option<i64>, Option<i64>)> = conn
+                .prepare_cached("SELECT value, off, len FROM big WHERE id = ?1")?
+                .query_row(params![id], |b| Ok((b.get(0)?, b.get(1)?, b.get(2)?)))
+                .optional()?;
+            match found {
+                Some((_, Some(off), Some(len))) => values::read(file, off, len),
+                Some((value, _, _)) => Ok(value),
+                None => Err(rusqlite::Error::SqliteFailure(
                     rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
                     Some(format!("the value {id} of a row is missing from big")),
-                )
-            }),
+                )),
+            }
+        }
     }
 }
 
@@ -658,6 +720,7 @@ fn version_of(conn: &Connection, key: &Key) -> rusqlite::Result<Option<u64>> {
 /// of many keys takes the statement from the cache once, not once a key.
 fn get_with(
     conn: &Connection,
+    file: &File,
     stmt: &mut rusqlite::Statement<'_>,
     key: &Key,
 ) -> rusqlite::Result<Option<Row>> {
@@ -670,7 +733,7 @@ fn get_with(
     };
     Ok(Some(Row {
         clustering: key.clustering.clone(),
-        value: value_of(conn, r, 0, 2)?,
+        value: value_of(conn, file, r, 0, 2)?,
         version: r.get::<_, i64>(1)? as u64,
     }))
 }
@@ -717,7 +780,7 @@ fn scan_sql(scan: &Scan) -> &'static str {
     SQL[(lo * 3 + hi) * 2 + dir]
 }
 
-fn scan_rows(conn: &Connection, scan: &Scan) -> rusqlite::Result<Vec<Row>> {
+fn scan_rows(conn: &Connection, file: &File, scan: &Scan) -> rusqlite::Result<Vec<Row>> {
     if scan.limit == 0 {
         return Ok(Vec::new());
     }
@@ -737,7 +800,7 @@ fn scan_rows(conn: &Connection, scan: &Scan) -> rusqlite::Result<Vec<Row>> {
         let Some(r) = rows.next()? else { break };
         out.push(Row {
             clustering: r.get(0)?,
-            value: value_of(conn, r, 1, 3)?,
+            value: value_of(conn, file, r, 1, 3)?,
             version: r.get::<_, i64>(2)? as u64,
         });
     }
@@ -747,6 +810,8 @@ fn scan_rows(conn: &Connection, scan: &Scan) -> rusqlite::Result<Vec<Row>> {
 /// A checked-out read connection with an open read transaction.
 struct SqliteSnapshot {
     conn: Option<Connection>,
+    /// The connection's slot in the pool's horizon.
+    slot: usize,
     pool: Arc<ReadPool>,
     in_txn: bool,
     _permit: OwnedSemaphorePermit,
@@ -754,18 +819,20 @@ struct SqliteSnapshot {
 
 impl SqliteSnapshot {
     fn read_now(&mut self, gets: &[Key], scans: &[Scan]) -> rusqlite::Result<ReadResult> {
+        let pool = self.pool.clone();
+        let file = &pool.values;
         let conn = self.conn()?;
         let rows = if gets.is_empty() {
             Vec::new()
         } else {
             let mut stmt = conn.prepare_cached(GET_SQL)?;
             gets.iter()
-                .map(|k| get_with(conn, &mut stmt, k))
+                .map(|k| get_with(conn, file, &mut stmt, k))
                 .collect::<rusqlite::Result<_>>()?
         };
         let scans = scans
             .iter()
-            .map(|s| scan_rows(conn, s))
+            .map(|s| scan_rows(conn, file, s))
             .collect::<rusqlite::Result<_>>()?;
         Ok(ReadResult { rows, scans })
     }
@@ -779,7 +846,8 @@ impl Drop for SqliteSnapshot {
             // connection; make sure it is not left open to pin the WAL.
             let _ = conn.execute_batch("ROLLBACK");
         }
-        let _ = self.pool.put.try_send(conn);
+        self.pool.horizon.leave(self.slot);
+        let _ = self.pool.put.try_send((conn, self.slot));
     }
 }
 
@@ -826,6 +894,8 @@ impl Snapshot for SqliteSnapshot {
     ) -> StoreResult<Vec<FeedEntry>> {
         let after = feed_seq(after)?;
         let limit = limit.min(MAX_READ_ROWS);
+        let pool = self.pool.clone();
+        let file = &pool.values;
         let conn = self.conn().map_err(map_err)?;
         let read = || -> rusqlite::Result<Vec<FeedEntry>> {
             // No `LIMIT ?` (see `scan_sql`): read `limit` rows and stop.
@@ -835,7 +905,7 @@ impl Snapshot for SqliteSnapshot {
             let rows = stmt.query_map(params![feed.name(), after], |r| {
                 Ok(FeedEntry {
                     cursor: (r.get::<_, i64>(0)? as u64).to_be_bytes().to_vec(),
-                    value: value_of(conn, r, 1, 2)?,
+                    value: value_of(conn, file, r, 1, 2)?,
                 })
             })?;
             rows.take(limit).collect()
@@ -850,6 +920,8 @@ impl Snapshot for SqliteSnapshot {
     ) -> StoreResult<(Vec<(Key, Row)>, Option<Vec<u8>>)> {
         let after = cursor.map(tarn_store::decode_row_cursor).transpose()?;
         let limit = limit.clamp(1, MAX_READ_ROWS);
+        let pool = self.pool.clone();
+        let file = &pool.values;
         let conn = self.conn().map_err(map_err)?;
         let read = || -> rusqlite::Result<Vec<(String, Vec<u8>, Row)>> {
             let map = |r: &rusqlite::Row<'_>| {
@@ -858,7 +930,7 @@ impl Snapshot for SqliteSnapshot {
                     r.get::<_, Vec<u8>>(1)?,
                     Row {
                         clustering: r.get(2)?,
-                        value: value_of(conn, r, 3, 5)?,
+                        value: value_of(conn, file, r, 3, 5)?,
                         version: r.get::<_, i64>(4)? as u64,
                     },
                 ))
@@ -958,6 +1030,7 @@ impl Sequences {
 
 fn writer_loop(
     mut conn: Connection,
+    mut values: ValueFile,
     small: Receiver<WriteJob>,
     large: Receiver<WriteJob>,
     shared: Arc<Shared>,
@@ -998,7 +1071,7 @@ fn writer_loop(
             }
         }
         let bytes: usize = group.iter().map(|j| j.bytes).sum();
-        let outcomes = commit_group(&mut conn, &group, &mut seqs, &shared);
+        let outcomes = commit_group(&mut conn, &mut values, &group, &mut seqs, &shared);
         let rows: usize = group
             .iter()
             .zip(&outcomes)
@@ -1011,7 +1084,12 @@ fn writer_loop(
         shared
             .rows_written
             .fetch_add(rows as u64, Ordering::Relaxed);
-        shared.groups.fetch_add(1, Ordering::Relaxed);
+        // After the commit, and seen by snapshots as they begin (see
+        // `values::Horizon`).
+        let number = shared.groups.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Err(e) = values.after_group(&conn, number) {
+            tracing::warn!(error = %e, "sqlite: freed ranges of the value file wait for a later group");
+        }
         shared
             .commits
             .fetch_add(group.len() as u64, Ordering::Relaxed);
@@ -1058,6 +1136,7 @@ fn writer_loop(
 /// around each write, so that the error undoes that write alone.
 fn commit_group(
     conn: &mut Connection,
+    values: &mut ValueFile,
     group: &[WriteJob],
     seqs: &mut Sequences,
     shared: &Shared,
@@ -1065,13 +1144,15 @@ fn commit_group(
     if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
         return fail_all(group, &map_err(e));
     }
-    let mut outcomes = match apply_each(conn, group, seqs) {
+    let mut outcomes = match apply_each(conn, values, group, seqs) {
         Ok(outcomes) => outcomes,
         Err(e) => {
             shared.groups_redone.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(error = %e, writes = group.len(),
                 "a write failed halfway; its group runs again with a savepoint per write");
-            if let Err(e) = rollback(conn) {
+            let undone = rollback(conn);
+            values.rolled_back();
+            if let Err(e) = undone {
                 return fail_all(group, &e);
             }
             if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
@@ -1079,29 +1160,43 @@ fn commit_group(
             }
             let mut outcomes = Vec::with_capacity(group.len());
             for job in group {
-                let outcome = apply_one(conn, &job.work, seqs);
+                let mark = values.mark();
+                let outcome = apply_one(conn, values, &job.work, seqs);
                 if conn.is_autocommit() {
                     // SQLite ended the whole transaction (a full disk, an
                     // I/O error): nothing of the group stands.
+                    values.rolled_back();
                     let e = outcome.err().unwrap_or_else(|| {
                         StoreError::Other("the group's transaction ended early".into())
                     });
                     return fail_all(group, &e);
+                }
+                if outcome.is_err() {
+                    values.undo_to(mark);
                 }
                 outcomes.push(outcome);
             }
             outcomes
         }
     };
-    let commit = seqs.save(conn).and_then(|()| run_cached(conn, "COMMIT"));
-    if let Err(e) = commit {
-        let e = map_err(e);
-        if let Err(r) = rollback(conn) {
-            tracing::error!(error = %r, "rolling back a failed commit failed");
-        }
-        for o in outcomes.iter_mut() {
-            if o.is_ok() {
-                *o = Err(clone_err(&e));
+    // The value file's bytes are durable before the rows that point at
+    // them commit.
+    let commit = seqs
+        .save(conn)
+        .and_then(|()| values.before_commit(conn))
+        .and_then(|()| run_cached(conn, "COMMIT"));
+    match commit {
+        Ok(()) => values.committed(),
+        Err(e) => {
+            let e = map_err(e);
+            if let Err(r) = rollback(conn) {
+                tracing::error!(error = %r, "rolling back a failed commit failed");
+            }
+            values.rolled_back();
+            for o in outcomes.iter_mut() {
+                if o.is_ok() {
+                    *o = Err(clone_err(&e));
+                }
             }
         }
     }
@@ -1125,6 +1220,7 @@ fn fail_all(group: &[WriteJob], e: &StoreError) -> Vec<StoreResult<usize>> {
 /// write fails otherwise than by a guard (it may have changed rows).
 fn apply_each(
     conn: &Connection,
+    values: &mut ValueFile,
     group: &[WriteJob],
     seqs: &mut Sequences,
 ) -> StoreResult<Vec<StoreResult<usize>>> {
@@ -1132,7 +1228,7 @@ fn apply_each(
     for job in group {
         let outcome = match &job.work {
             Work::Batch(batch) => match check_guards(conn, batch) {
-                Ok(()) => apply_ops(conn, batch, seqs).map(|()| 0),
+                Ok(()) => apply_ops(conn, values, batch, seqs).map(|()| 0),
                 Err(e) => Err(e),
             },
             Work::Trim {
@@ -1158,11 +1254,16 @@ fn clone_err(e: &StoreError) -> StoreError {
     }
 }
 
-fn apply_one(conn: &Connection, work: &Work, seqs: &mut Sequences) -> StoreResult<usize> {
+fn apply_one(
+    conn: &Connection,
+    values: &mut ValueFile,
+    work: &Work,
+    seqs: &mut Sequences,
+) -> StoreResult<usize> {
     run_cached(conn, "SAVEPOINT w").map_err(map_err)?;
     let result = match work {
         Work::Batch(batch) => check_guards(conn, batch)
-            .and_then(|()| apply_ops(conn, batch, seqs))
+            .and_then(|()| apply_ops(conn, values, batch, seqs))
             .map(|()| 0),
         Work::Trim {
             feed,
@@ -1214,7 +1315,12 @@ fn check_guards(conn: &Connection, batch: &Batch) -> StoreResult<()> {
 }
 
 /// Applies a batch's puts, deletes and feed appends.
-fn apply_ops(conn: &Connection, batch: &Batch, seqs: &mut Sequences) -> StoreResult<()> {
+fn apply_ops(
+    conn: &Connection,
+    values: &mut ValueFile,
+    batch: &Batch,
+    seqs: &mut Sequences,
+) -> StoreResult<()> {
     let mut put = conn
         .prepare_cached(
             "INSERT INTO rows (tbl, part, clus, value, version, big) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
@@ -1235,7 +1341,7 @@ fn apply_ops(conn: &Connection, batch: &Batch, seqs: &mut Sequences) -> StoreRes
                 let version = i64::try_from(*version)
                     .map_err(|_| StoreError::Invalid("version above i64::MAX".into()))?;
                 let (inline, big): (&[u8], Option<i64>) = if stored_apart(key, value) {
-                    (&[], Some(put_big(conn, value).map_err(map_err)?))
+                    (&[], Some(put_big(conn, values, value).map_err(map_err)?))
                 } else {
                     (value, None)
                 };
@@ -1264,7 +1370,7 @@ fn apply_ops(conn: &Connection, batch: &Batch, seqs: &mut Sequences) -> StoreRes
             let seq = seqs.next(conn, a.feed.name()).map_err(map_err)?;
             let (inline, big): (&[u8], Option<i64>) =
                 if spills(a.feed.name().len() + 8 + a.value.len()) {
-                    (&[], Some(put_big(conn, &a.value).map_err(map_err)?))
+                    (&[], Some(put_big(conn, values, &a.value).map_err(map_err)?))
                 } else {
                     (&a.value, None)
                 };
@@ -1323,12 +1429,16 @@ impl Store for SqliteStore {
                 }
             }
         };
-        let conn = pool
+        let (conn, slot) = pool
             .take
             .try_recv()
             .map_err(|_| StoreError::Other("read pool out of step with its permits".into()))?;
+        // Before the read transaction begins (see `values::Horizon`).
+        pool.horizon
+            .enter(slot, pool.shared.groups.load(Ordering::SeqCst));
         Ok(Box::new(SqliteSnapshot {
             conn: Some(conn),
+            slot,
             pool: pool.clone(),
             in_txn: false,
             _permit: permit,

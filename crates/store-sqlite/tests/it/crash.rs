@@ -30,6 +30,20 @@ fn batch_keys(id: u64) -> Vec<Key> {
         .collect()
 }
 
+/// The key the last writer of the child overwrites with every batch, with a
+/// value past the size that goes to the value file: each overwrite frees the
+/// last one's range, which later ones reuse.
+fn large_key() -> Key {
+    Key::new(TABLE, b"large".to_vec(), b"value".to_vec())
+}
+
+/// The large value of batch `id`: its id, then bytes that depend on it.
+fn large_value(id: u64) -> Vec<u8> {
+    let mut v = id.to_be_bytes().to_vec();
+    v.extend((0..70_000u64).map(|i| ((i ^ id).wrapping_mul(0x9e37_79b9) >> 7) as u8));
+    v
+}
+
 /// Not a test on its own: the child process's body, run by `crash_rounds`
 /// with `--ignored`. Ignored, so a plain test run never counts it as passed.
 #[test]
@@ -60,6 +74,9 @@ fn crash_child() {
                     let mut b = Batch::new();
                     for key in batch_keys(id) {
                         b.put(key, id.to_be_bytes().repeat(50), 1);
+                    }
+                    if w == 5 {
+                        b.put(large_key(), large_value(id), 1);
                     }
                     store.write(b).await.unwrap();
                     println!("ACK {id}");
@@ -171,6 +188,25 @@ fn crash_rounds() {
             }
             for (id, n) in seen {
                 assert_eq!(n, ROWS_PER_BATCH, "round {round}: batch {id} half applied");
+            }
+            // The large value is whole, and at least as new as the last
+            // batch of its writer that was acknowledged.
+            let last_large = acked.iter().filter(|id| (*id >> 32) & 0xff == 5).max();
+            if let Some(last) = last_large {
+                let got = snap
+                    .get(&large_key())
+                    .await
+                    .unwrap()
+                    .expect("the large value");
+                let id = u64::from_be_bytes(got.value[..8].try_into().unwrap());
+                assert!(
+                    id >= *last,
+                    "round {round}: large value of {id}, {last} acknowledged"
+                );
+                assert!(
+                    got.value == large_value(id),
+                    "round {round}: large value {id} not whole"
+                );
             }
         });
     }

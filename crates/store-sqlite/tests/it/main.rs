@@ -2,6 +2,7 @@
 //! data directory lock.
 
 mod crash;
+mod values;
 
 use std::sync::Arc;
 
@@ -299,7 +300,7 @@ async fn a_write_failing_halfway_undoes_only_itself() {
 
 /// A read-only connection to the database of an open store in `dir`, on
 /// the store's VFS (the store refuses connections of any other beside it).
-fn peek(dir: &std::path::Path) -> rusqlite::Connection {
+pub(crate) fn peek(dir: &std::path::Path) -> rusqlite::Connection {
     rusqlite::Connection::open_with_flags_and_vfs(
         dir.join("tarn.sqlite"),
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
