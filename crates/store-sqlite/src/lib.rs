@@ -263,7 +263,7 @@ impl SqliteStore {
         let mut writer = open_writer(&db, &options).map_err(map_err)?;
         let readers = options.readers.max(1);
         let horizon = Arc::new(Horizon::new(readers));
-        let values = ValueFile::open(&dir, &writer, horizon.clone()).map_err(map_err)?;
+        let value_file = ValueFile::open(&dir, &writer, horizon.clone()).map_err(map_err)?;
         let (put, take) = crossbeam_channel::bounded(readers);
         for slot in 0..readers {
             let conn = open_reader(&db, &options).map_err(map_err)?;
@@ -276,7 +276,7 @@ impl SqliteStore {
             put,
             take,
             horizon,
-            values: values.file(),
+            values: value_file.file(),
             shared: shared.clone(),
         });
         let (small_tx, small_rx) = crossbeam_channel::unbounded::<WriteJob>();
@@ -297,7 +297,14 @@ impl SqliteStore {
             std::thread::Builder::new()
                 .name("sqlite-write".into())
                 .spawn(move || {
-                    writer_loop(writer, values, small_rx, large_rx, writer_shared, wal_pages)
+                    writer_loop(
+                        writer,
+                        value_file,
+                        small_rx,
+                        large_rx,
+                        writer_shared,
+                        wal_pages,
+                    )
                 })
                 .map_err(|e| StoreError::Other(format!("cannot start writer: {e}")))?,
         );
@@ -442,7 +449,7 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
              last INTEGER NOT NULL
          );
          CREATE TABLE IF NOT EXISTS values_freed (
-             id INTEGER PRIMARY KEY,
+             id INTEGER PRIMARY KEY AUTOINCREMENT,
              off INTEGER NOT NULL,
              len INTEGER NOT NULL
          );
@@ -659,9 +666,9 @@ fn spills(bytes: usize) -> bool {
 
 /// Keeps a value in `big`, or, past [`values::FILE_VALUE`] bytes, in the
 /// value file with its range in `big`; answers its id in `big`.
-fn put_big(conn: &Connection, values: &mut ValueFile, value: &[u8]) -> rusqlite::Result<i64> {
+fn put_big(conn: &Connection, value_file: &mut ValueFile, value: &[u8]) -> rusqlite::Result<i64> {
     if value.len() > values::FILE_VALUE {
-        let off = values.put(conn, value)?;
+        let off = value_file.put(conn, value)?;
         conn.prepare_cached("INSERT INTO big (value, off, len) VALUES (x'', ?1, ?2)")?
             .execute(params![off, value.len() as i64])?;
     } else {
@@ -1030,7 +1037,7 @@ impl Sequences {
 
 fn writer_loop(
     mut conn: Connection,
-    mut values: ValueFile,
+    mut value_file: ValueFile,
     small: Receiver<WriteJob>,
     large: Receiver<WriteJob>,
     shared: Arc<Shared>,
@@ -1071,7 +1078,7 @@ fn writer_loop(
             }
         }
         let bytes: usize = group.iter().map(|j| j.bytes).sum();
-        let outcomes = commit_group(&mut conn, &mut values, &group, &mut seqs, &shared);
+        let outcomes = commit_group(&mut conn, &mut value_file, &group, &mut seqs, &shared);
         let rows: usize = group
             .iter()
             .zip(&outcomes)
@@ -1087,9 +1094,6 @@ fn writer_loop(
         // After the commit, and seen by snapshots as they begin (see
         // `values::Horizon`).
         let number = shared.groups.fetch_add(1, Ordering::SeqCst) + 1;
-        if let Err(e) = values.after_group(&conn, number) {
-            tracing::warn!(error = %e, "sqlite: freed ranges of the value file wait for a later group");
-        }
         shared
             .commits
             .fetch_add(group.len() as u64, Ordering::Relaxed);
@@ -1099,6 +1103,11 @@ fn writer_loop(
         shared.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
         for (job, outcome) in group.into_iter().zip(outcomes) {
             let _ = job.reply.send(outcome);
+        }
+        // After the replies: punching freed ranges adds nothing to a
+        // write's wait.
+        if let Err(e) = value_file.after_group(&conn, number) {
+            tracing::warn!(error = %e, "sqlite: freed ranges of the value file wait for a later group");
         }
         let frames = shared.wal_frames.load(Ordering::Relaxed);
         if frames <= u64::from(wal_pages) {
@@ -1136,7 +1145,7 @@ fn writer_loop(
 /// around each write, so that the error undoes that write alone.
 fn commit_group(
     conn: &mut Connection,
-    values: &mut ValueFile,
+    value_file: &mut ValueFile,
     group: &[WriteJob],
     seqs: &mut Sequences,
     shared: &Shared,
@@ -1144,14 +1153,14 @@ fn commit_group(
     if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
         return fail_all(group, &map_err(e));
     }
-    let mut outcomes = match apply_each(conn, values, group, seqs) {
+    let mut outcomes = match apply_each(conn, value_file, group, seqs) {
         Ok(outcomes) => outcomes,
         Err(e) => {
             shared.groups_redone.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(error = %e, writes = group.len(),
                 "a write failed halfway; its group runs again with a savepoint per write");
             let undone = rollback(conn);
-            values.rolled_back();
+            value_file.rolled_back();
             if let Err(e) = undone {
                 return fail_all(group, &e);
             }
@@ -1160,19 +1169,34 @@ fn commit_group(
             }
             let mut outcomes = Vec::with_capacity(group.len());
             for job in group {
-                let mark = values.mark();
-                let outcome = apply_one(conn, values, &job.work, seqs);
+                let mark = value_file.mark();
+                let outcome = match apply_one(conn, value_file, &job.work, seqs) {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        // Its savepoint could not be undone or released:
+                        // what the write changed may stand, so nothing of
+                        // the group does.
+                        if let Err(r) = rollback(conn) {
+                            tracing::error!(error = %r, "rolling back a failed group failed");
+                        }
+                        value_file.rolled_back();
+                        return fail_all(group, &e);
+                    }
+                };
                 if conn.is_autocommit() {
                     // SQLite ended the whole transaction (a full disk, an
                     // I/O error): nothing of the group stands.
-                    values.rolled_back();
+                    value_file.rolled_back();
                     let e = outcome.err().unwrap_or_else(|| {
                         StoreError::Other("the group's transaction ended early".into())
                     });
                     return fail_all(group, &e);
                 }
                 if outcome.is_err() {
-                    values.undo_to(mark);
+                    // Undone alone: the ranges it took past the end are
+                    // free again (those it took from the free ones went
+                    // back with the savepoint).
+                    value_file.undo_to(mark);
                 }
                 outcomes.push(outcome);
             }
@@ -1183,16 +1207,18 @@ fn commit_group(
     // them commit.
     let commit = seqs
         .save(conn)
-        .and_then(|()| values.before_commit(conn))
+        .and_then(|()| value_file.before_commit(conn))
         .and_then(|()| run_cached(conn, "COMMIT"));
     match commit {
-        Ok(()) => values.committed(),
+        Ok(()) => value_file.committed(),
         Err(e) => {
             let e = map_err(e);
             if let Err(r) = rollback(conn) {
                 tracing::error!(error = %r, "rolling back a failed commit failed");
             }
-            values.rolled_back();
+            // A commit that failed at its fsync may still be found in the
+            // WAL after a crash: its ranges are not handed out again.
+            value_file.commit_failed();
             for o in outcomes.iter_mut() {
                 if o.is_ok() {
                     *o = Err(clone_err(&e));
@@ -1220,7 +1246,7 @@ fn fail_all(group: &[WriteJob], e: &StoreError) -> Vec<StoreResult<usize>> {
 /// write fails otherwise than by a guard (it may have changed rows).
 fn apply_each(
     conn: &Connection,
-    values: &mut ValueFile,
+    value_file: &mut ValueFile,
     group: &[WriteJob],
     seqs: &mut Sequences,
 ) -> StoreResult<Vec<StoreResult<usize>>> {
@@ -1228,7 +1254,7 @@ fn apply_each(
     for job in group {
         let outcome = match &job.work {
             Work::Batch(batch) => match check_guards(conn, batch) {
-                Ok(()) => apply_ops(conn, values, batch, seqs).map(|()| 0),
+                Ok(()) => apply_ops(conn, value_file, batch, seqs).map(|()| 0),
                 Err(e) => Err(e),
             },
             Work::Trim {
@@ -1254,16 +1280,19 @@ fn clone_err(e: &StoreError) -> StoreError {
     }
 }
 
+/// Applies one write inside a savepoint, so that its failure undoes it
+/// alone. The outer error says the savepoint itself failed (the write's
+/// changes may stand); the inner result is the write's.
 fn apply_one(
     conn: &Connection,
-    values: &mut ValueFile,
+    value_file: &mut ValueFile,
     work: &Work,
     seqs: &mut Sequences,
-) -> StoreResult<usize> {
+) -> StoreResult<StoreResult<usize>> {
     run_cached(conn, "SAVEPOINT w").map_err(map_err)?;
     let result = match work {
         Work::Batch(batch) => check_guards(conn, batch)
-            .and_then(|()| apply_ops(conn, values, batch, seqs))
+            .and_then(|()| apply_ops(conn, value_file, batch, seqs))
             .map(|()| 0),
         Work::Trim {
             feed,
@@ -1274,13 +1303,13 @@ fn apply_one(
     if conn.is_autocommit() {
         // SQLite ended the transaction, savepoint and all: the caller
         // fails the group.
-        return result;
+        return Ok(result);
     }
     if result.is_err() {
         run_cached(conn, "ROLLBACK TO w").map_err(map_err)?;
     }
     run_cached(conn, "RELEASE w").map_err(map_err)?;
-    result
+    Ok(result)
 }
 
 fn trim(conn: &Connection, feed: &str, through: u64, limit: usize) -> StoreResult<usize> {
@@ -1317,7 +1346,7 @@ fn check_guards(conn: &Connection, batch: &Batch) -> StoreResult<()> {
 /// Applies a batch's puts, deletes and feed appends.
 fn apply_ops(
     conn: &Connection,
-    values: &mut ValueFile,
+    value_file: &mut ValueFile,
     batch: &Batch,
     seqs: &mut Sequences,
 ) -> StoreResult<()> {
@@ -1341,7 +1370,10 @@ fn apply_ops(
                 let version = i64::try_from(*version)
                     .map_err(|_| StoreError::Invalid("version above i64::MAX".into()))?;
                 let (inline, big): (&[u8], Option<i64>) = if stored_apart(key, value) {
-                    (&[], Some(put_big(conn, values, value).map_err(map_err)?))
+                    (
+                        &[],
+                        Some(put_big(conn, value_file, value).map_err(map_err)?),
+                    )
                 } else {
                     (value, None)
                 };
@@ -1370,7 +1402,10 @@ fn apply_ops(
             let seq = seqs.next(conn, a.feed.name()).map_err(map_err)?;
             let (inline, big): (&[u8], Option<i64>) =
                 if spills(a.feed.name().len() + 8 + a.value.len()) {
-                    (&[], Some(put_big(conn, values, &a.value).map_err(map_err)?))
+                    (
+                        &[],
+                        Some(put_big(conn, value_file, &a.value).map_err(map_err)?),
+                    )
                 } else {
                     (&a.value, None)
                 };

@@ -54,10 +54,20 @@ pub(crate) fn io_err(what: &str, e: std::io::Error) -> rusqlite::Error {
     )
 }
 
+fn corrupt(what: String) -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
+        Some(format!("value file: {what}")),
+    )
+}
+
 /// Reads `len` bytes at `off` of the value file.
 pub(crate) fn read(file: &File, off: i64, len: i64) -> rusqlite::Result<Vec<u8>> {
-    let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
-    file.read_exact_at(&mut buf, off.max(0) as u64)
+    let (Ok(off), Ok(len)) = (u64::try_from(off), usize::try_from(len)) else {
+        return Err(corrupt(format!("a range at {off} of {len} bytes")));
+    };
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, off)
         .map_err(|e| io_err("read", e))?;
     Ok(buf)
 }
@@ -113,6 +123,12 @@ pub(crate) struct ValueFile {
     committed_end: u64,
     /// Whether the open transaction wrote bytes (fsynced before it commits).
     dirty: bool,
+    /// Whether free ranges may be handed out: not after a commit failed,
+    /// until the next open (see [`ValueFile::commit_failed`]).
+    reuse: bool,
+    /// Whether a failed punch was reported (once: the file system may not
+    /// punch at all).
+    punch_reported: bool,
     /// Freed ranges not yet punched: the last `values_freed` id each
     /// committed group left, with that group's number.
     waiting: VecDeque<(u64, i64)>,
@@ -141,26 +157,47 @@ impl ValueFile {
             .truncate(false)
             .open(&path)
             .map_err(|e| io_err("open", e))?;
-        let end: i64 = conn.query_row(
-            "SELECT max(e) FROM (
+        // The last byte a value in use holds, and the end of the last
+        // range in use or freed.
+        let (used, end): (i64, i64) = conn.query_row(
+            "SELECT (SELECT max(off + len) FROM big WHERE off IS NOT NULL),
+                    max(e) FROM (
                  SELECT max(off + (len + 4095) / 4096 * 4096) AS e FROM big WHERE off IS NOT NULL
                  UNION ALL SELECT max(off + len) FROM values_free
                  UNION ALL SELECT max(off + len) FROM values_freed)",
             [],
-            |r| Ok(r.get::<_, Option<i64>>(0)?.unwrap_or(0)),
+            |r| {
+                Ok((
+                    r.get::<_, Option<i64>>(0)?.unwrap_or(0),
+                    r.get::<_, Option<i64>>(1)?.unwrap_or(0),
+                ))
+            },
         )?;
-        let end = end.max(0) as u64;
+        let (used, end) = (used.max(0) as u64, end.max(0) as u64);
         let size = file.metadata().map_err(|e| io_err("size", e))?.len();
+        if size < used {
+            return Err(corrupt(format!(
+                "{} holds {size} bytes where the database has values up to {used}: \
+                 it is missing or short (was it copied with tarn.sqlite?)",
+                path.display()
+            )));
+        }
         if size > end {
             file.set_len(end).map_err(|e| io_err("cut back", e))?;
             file.sync_all().map_err(|e| io_err("sync", e))?;
         }
+        // The file's name is durable before any row points into it.
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err("sync its directory", e))?;
         let mut vf = ValueFile {
             file: Arc::new(file),
             horizon,
             end,
             committed_end: end,
             dirty: false,
+            reuse: true,
+            punch_reported: false,
             waiting: VecDeque::new(),
             seen: 0,
             punched: 0,
@@ -175,7 +212,9 @@ impl ValueFile {
             let moved = vf.free_punched(conn);
             let done = moved.and_then(|()| conn.execute_batch("COMMIT"));
             if let Err(e) = done {
-                let _ = conn.execute_batch("ROLLBACK");
+                if let Err(r) = conn.execute_batch("ROLLBACK") {
+                    tracing::error!(error = %r, "value file: rolling back at open failed");
+                }
                 return Err(e);
             }
             vf.committed();
@@ -193,12 +232,15 @@ impl ValueFile {
     /// transaction.
     pub(crate) fn put(&mut self, conn: &Connection, value: &[u8]) -> rusqlite::Result<i64> {
         let need = blocks(value.len() as u64) as i64;
-        let fit: Option<(i64, i64)> = conn
-            .prepare_cached(
+        let fit: Option<(i64, i64)> = if self.reuse {
+            conn.prepare_cached(
                 "SELECT off, len FROM values_free WHERE len >= ?1 ORDER BY len, off LIMIT 1",
             )?
             .query_row(params![need], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?;
+            .optional()?
+        } else {
+            None
+        };
         let off = match fit {
             Some((off, len)) => {
                 conn.prepare_cached("DELETE FROM values_free WHERE off = ?1")?
@@ -255,6 +297,20 @@ impl ValueFile {
         self.dirty = false;
     }
 
+    /// After its `COMMIT` failed. A commit that failed at its fsync may
+    /// have reached the WAL whole and be found there after a crash, with
+    /// rows pointing at the ranges it took: none of them is handed out
+    /// again while this process runs (the end is kept, free ranges are
+    /// not reused). The next open reads which ranges are in use.
+    pub(crate) fn commit_failed(&mut self) {
+        self.committed_end = self.end;
+        self.dirty = false;
+        if self.reuse {
+            tracing::warn!("value file: a commit failed; free ranges are not reused until restart");
+        }
+        self.reuse = false;
+    }
+
     /// After group number `group` committed: notes the ranges it freed and
     /// punches those no snapshot can read any more.
     pub(crate) fn after_group(&mut self, conn: &Connection, group: u64) -> rusqlite::Result<()> {
@@ -292,7 +348,11 @@ impl ValueFile {
             if let Err(e) = punch(&self.file, off as u64, len as u64) {
                 // The range is still made free and reused; only its disk
                 // space waits for that.
-                tracing::debug!(error = %e, "value file: cannot punch a freed range");
+                if !self.punch_reported {
+                    self.punch_reported = true;
+                    tracing::warn!(error = %e,
+                        "value file: cannot punch freed ranges out (they are reused, but their disk space is not given back)");
+                }
             }
         }
         self.punched = through;
