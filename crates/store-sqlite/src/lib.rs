@@ -462,22 +462,19 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
     // Stores made before values could live in `big` have no `big` columns:
     // their large values stay where they are (and read as before) until
     // written again.
-    for table in ["rows", "feed"] {
-        let has_big: bool = conn
-            .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = 'big'")?
-            .exists([table])?;
-        if !has_big {
-            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN big INTEGER"))?;
-        }
-    }
     // A value in the value file is a `big` row with its range there
     // (`values`); stores made before it have no such columns.
-    for column in ["off", "len"] {
+    for (table, column) in [
+        ("rows", "big"),
+        ("feed", "big"),
+        ("big", "off"),
+        ("big", "len"),
+    ] {
         let has: bool = conn
-            .prepare("SELECT 1 FROM pragma_table_info('big') WHERE name = ?1")?
-            .exists([column])?;
+            .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
+            .exists([table, column])?;
         if !has {
-            conn.execute_batch(&format!("ALTER TABLE big ADD COLUMN {column} INTEGER"))?;
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} INTEGER"))?;
         }
     }
     // A value in `big` goes with its row: replaced, or deleted; its range
