@@ -459,11 +459,10 @@ fn open_writer(db: &Path, options: &SqliteOptions) -> rusqlite::Result<Connectio
          );
          CREATE INDEX IF NOT EXISTS values_free_len ON values_free (len, off);",
     )?;
-    // Stores made before values could live in `big` have no `big` columns:
-    // their large values stay where they are (and read as before) until
-    // written again.
-    // A value in the value file is a `big` row with its range there
-    // (`values`); stores made before it have no such columns.
+    // Stores made before values could live in `big` have no `big` columns,
+    // and stores made before the value file (`values`) have no ranges in
+    // `big`: their large values stay where they are (and read as before)
+    // until written again.
     for (table, column) in [
         ("rows", "big"),
         ("feed", "big"),
