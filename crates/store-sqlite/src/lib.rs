@@ -822,9 +822,7 @@ struct SqliteSnapshot {
 
 impl SqliteSnapshot {
     fn read_now(&mut self, gets: &[Key], scans: &[Scan]) -> rusqlite::Result<ReadResult> {
-        let pool = self.pool.clone();
-        let file = &pool.values;
-        let conn = self.conn()?;
+        let (conn, file) = self.conn_and_values()?;
         let rows = if gets.is_empty() {
             Vec::new()
         } else {
@@ -856,13 +854,24 @@ impl Drop for SqliteSnapshot {
 
 impl SqliteSnapshot {
     fn conn(&mut self) -> rusqlite::Result<&Connection> {
-        let conn = self.conn.as_ref().expect("held until drop");
-        if !self.in_txn {
-            run_cached(conn, "BEGIN")?;
-            self.in_txn = true;
-        }
-        Ok(conn)
+        begun(&self.conn, &mut self.in_txn)
     }
+
+    /// The connection, in its read transaction, and the value file: borrowed
+    /// apart, so a read takes no reference count of the shared pool.
+    fn conn_and_values(&mut self) -> rusqlite::Result<(&Connection, &File)> {
+        Ok((begun(&self.conn, &mut self.in_txn)?, &self.pool.values))
+    }
+}
+
+/// The connection of a snapshot, its read transaction begun at first use.
+fn begun<'a>(conn: &'a Option<Connection>, in_txn: &mut bool) -> rusqlite::Result<&'a Connection> {
+    let conn = conn.as_ref().expect("held until drop");
+    if !*in_txn {
+        run_cached(conn, "BEGIN")?;
+        *in_txn = true;
+    }
+    Ok(conn)
 }
 
 /// Runs a statement without parameters from the connection's cache
@@ -897,9 +906,7 @@ impl Snapshot for SqliteSnapshot {
     ) -> StoreResult<Vec<FeedEntry>> {
         let after = feed_seq(after)?;
         let limit = limit.min(MAX_READ_ROWS);
-        let pool = self.pool.clone();
-        let file = &pool.values;
-        let conn = self.conn().map_err(map_err)?;
+        let (conn, file) = self.conn_and_values().map_err(map_err)?;
         let read = || -> rusqlite::Result<Vec<FeedEntry>> {
             // No `LIMIT ?` (see `scan_sql`): read `limit` rows and stop.
             let mut stmt = conn.prepare_cached(
@@ -923,9 +930,7 @@ impl Snapshot for SqliteSnapshot {
     ) -> StoreResult<(Vec<(Key, Row)>, Option<Vec<u8>>)> {
         let after = cursor.map(tarn_store::decode_row_cursor).transpose()?;
         let limit = limit.clamp(1, MAX_READ_ROWS);
-        let pool = self.pool.clone();
-        let file = &pool.values;
-        let conn = self.conn().map_err(map_err)?;
+        let (conn, file) = self.conn_and_values().map_err(map_err)?;
         let read = || -> rusqlite::Result<Vec<(String, Vec<u8>, Row)>> {
             let map = |r: &rusqlite::Row<'_>| {
                 Ok((
