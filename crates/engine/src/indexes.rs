@@ -111,6 +111,12 @@ pub struct IndexDef {
     /// The stemmer of a text index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
+    /// The order of ids among items of equal sort values: that of the
+    /// first sort field, so ties reverse with the listing's order whichever
+    /// way the index was declared (api.md). Indexes declared before it was
+    /// kept have their ids ascending, and keep them: their rows say so.
+    #[serde(default, skip_serializing_if = "Order::is_asc")]
+    pub ties: Order,
 }
 
 /// One field of a text index.
@@ -153,6 +159,7 @@ pub(crate) fn builtins() -> Vec<IndexDef> {
         since: 0,
         text: Vec::new(),
         language: None,
+        ties: Order::Asc,
     };
     vec![
         def("_kind", &["kind"]),
@@ -284,7 +291,13 @@ impl IndexDef {
         for s in &self.sort {
             encode_value(&mut c, item.field(&s.field).as_ref(), s.order);
         }
+        let id = c.len();
         encode_str(&mut c, &item.id);
+        if self.ties == Order::Desc {
+            for b in &mut c[id..] {
+                *b = !*b;
+            }
+        }
         c
     }
 
@@ -614,6 +627,7 @@ impl Engine {
                     since: defs.version + 1,
                     text: text.clone(),
                     language: language.clone(),
+                    ties: sort.first().map_or(Order::Asc, |s| s.order),
                 };
                 b.put(schema::def_key(name), schema::encode(&def), 1);
                 self.write_defs(defs.version, b).await?;

@@ -47,16 +47,24 @@ pub fn prefix(s: &str, max: usize) -> &str {
 }
 
 /// The order of one sort field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Order {
     /// Ascending.
+    #[default]
     Asc,
     /// Descending.
     Desc,
 }
 
 impl Order {
+    /// Whether this is ascending.
+    pub fn is_asc(&self) -> bool {
+        *self == Order::Asc
+    }
+
     /// The other order.
     pub fn reversed(self) -> Order {
         match self {

@@ -463,8 +463,9 @@ async fn check(engine: &Engine, model: &Model) {
                 "{u:?} {kind} oldest first"
             );
 
-            if k == 0 {
-                // The declared index: by n ascending, missing last, ties by id.
+            {
+                // The declared indexes (ascending for doc, descending for
+                // note): by n ascending, missing last, ties by id.
                 let mut by_n = visible.clone();
                 by_n.sort_by(|a, b| (a.n.is_none(), a.n, &a.id).cmp(&(b.n.is_none(), b.n, &b.id)));
                 let want_n: Vec<String> = by_n.iter().map(|it| it.id.clone()).collect();
@@ -597,6 +598,19 @@ async fn setup(engine: &Engine) {
         .await
         .unwrap();
     common::wait_ready(engine, "doc-by-n").await;
+    // The same listings from an index declared the other way round: ties
+    // still break on id, reversed with the listing's order.
+    engine
+        .declare_index(
+            &common::admin(),
+            "note-by-n-desc",
+            "note",
+            vec![],
+            sort("n", Order::Desc),
+        )
+        .await
+        .unwrap();
+    common::wait_ready(engine, "note-by-n-desc").await;
 }
 
 async fn run(engine: Engine, ops: Vec<Op>) {

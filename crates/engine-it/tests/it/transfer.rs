@@ -291,6 +291,7 @@ async fn imports_refuse_bad_records() {
             since: 1,
             text: vec![],
             language: None,
+            ties: tarn_engine::Order::Asc,
         },
     };
     assert!(imp.add(late).await.is_err(), "declarations come first");
