@@ -32,10 +32,15 @@ pub enum EngineError {
         /// The version the item has.
         current: u64,
     },
-    /// No declared index serves the listing; `declare` says what would.
-    #[error("no index serves this listing; declare one: {declare}")]
+    /// No declared index serves the listing or search; `name` and
+    /// `declare` say what would, as a request the administrator can send.
+    #[error("no index serves this {what}; declare one: PUT /api/v1/indexes/{name} {declare}")]
     NoIndex {
-        /// A declaration that would serve it, as JSON.
+        /// `listing` or `search`.
+        what: &'static str,
+        /// A name no index has.
+        name: String,
+        /// The body of a declaration that would serve it, as JSON.
         declare: String,
     },
     /// The index that serves the listing is still being built.

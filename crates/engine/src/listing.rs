@@ -469,8 +469,12 @@ impl Merge {
     }
 }
 
-fn suggest(kind: Option<&str>, fields: &BTreeMap<String, Value>, sort: &[SortField]) -> String {
-    let kind = kind.unwrap_or("KIND");
+fn suggest(
+    kind: Option<&str>,
+    fields: &BTreeMap<String, Value>,
+    sort: &[SortField],
+) -> (String, String) {
+    let kind = kind.unwrap_or("kind");
     let mut name = kind.to_string();
     for s in sort {
         name.push_str("-by-");
@@ -487,13 +491,12 @@ fn suggest(kind: Option<&str>, fields: &BTreeMap<String, Value>, sort: &[SortFie
         .filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
         .take(64)
         .collect();
-    json!({
-        "name": name,
+    let declare = json!({
         "kind": kind,
         "where": where_,
         "sort": sort,
-    })
-    .to_string()
+    });
+    (name, declare.to_string())
 }
 
 /// The plan of `scope=shared`: `_shared`, newest or oldest first.
@@ -580,8 +583,11 @@ impl Engine {
                 .map(|s| &s.field)
                 .chain(fields.keys().filter(|f| *f != "kind")),
         )?;
+        let (name, declare) = suggest(q.kind.as_deref(), fields, sort);
         Err(EngineError::NoIndex {
-            declare: suggest(q.kind.as_deref(), fields, sort),
+            what: "listing",
+            name,
+            declare,
         })
     }
 

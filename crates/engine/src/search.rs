@@ -91,8 +91,37 @@ const B: f64 = 0.75;
 /// average over items (which would let other items move scores).
 const LENGTH: f64 = 32.0;
 /// In `match=any`, each word matched counts this much more than any sum
-/// of impacts, so items matching more words come first.
-const MATCHED: u64 = 1 << 24;
+/// of impacts (at most [`MAX_WORDS`] of [`impact_of`]`(u16::MAX)`), so
+/// items matching more words come first.
+const MATCHED: u64 = 1 << 26;
+/// An impact is kept in two bytes (in a row's clustering key and in the
+/// forward row): in thousandths below this, and above it in steps of
+/// [`COARSE`] thousandths, so that even eight fields of weight 100
+/// (2,200 × 8 at most) rank by their words instead of all saturating at
+/// one value.
+const FINE: u32 = 1 << 15;
+const COARSE: u32 = 64;
+
+/// The two-byte code of an impact in thousandths (monotone; exact below
+/// [`FINE`], and the inverse of [`impact_of`] on every code).
+fn impact_code(milli: u32) -> u16 {
+    let milli = milli.max(1);
+    if milli < FINE {
+        milli as u16
+    } else {
+        (FINE + (milli - FINE).div_ceil(COARSE)).min(u32::from(u16::MAX)) as u16
+    }
+}
+
+/// The impact, in thousandths, a two-byte code stands for.
+fn impact_of(code: u16) -> u32 {
+    let c = u32::from(code);
+    if c < FINE {
+        c
+    } else {
+        FINE + (c - FINE) * COARSE
+    }
+}
 
 /// A search request.
 #[derive(Clone, Debug)]
@@ -201,7 +230,7 @@ fn encode_forward(impacts: &BTreeMap<String, u16>) -> Vec<u8> {
 /// the item has none of them), in one pass over the row: nothing else of
 /// it is decoded (a hash map of every term per candidate was most of a
 /// search's instructions).
-fn slot_impacts(bytes: &[u8], slots: &[Slot]) -> Result<Vec<Option<u16>>> {
+fn slot_impacts(bytes: &[u8], slots: &[Slot]) -> Result<Vec<Option<u32>>> {
     let bad = || crate::error::corrupt("forward row", "truncated");
     let mut out = vec![None; slots.len()];
     let mut i = 0;
@@ -209,7 +238,7 @@ fn slot_impacts(bytes: &[u8], slots: &[Slot]) -> Result<Vec<Option<u16>>> {
         let n = bytes[i] as usize;
         let t = bytes.get(i + 1..i + 1 + n).ok_or_else(bad)?;
         let imp = bytes.get(i + 1 + n..i + 3 + n).ok_or_else(bad)?;
-        let imp = u16::from_be_bytes([imp[0], imp[1]]);
+        let imp = impact_of(u16::from_be_bytes([imp[0], imp[1]]));
         for (best, s) in out.iter_mut().zip(slots) {
             if s.terms.iter().any(|q| q.as_bytes() == t) && best.is_none_or(|b| b < imp) {
                 *best = Some(imp);
@@ -260,7 +289,10 @@ pub(crate) fn impacts(def: &IndexDef, item: &Item) -> BTreeMap<String, u16> {
     }
     let mut terms: Vec<(String, u16)> = acc
         .into_iter()
-        .map(|(t, s)| (t, (s * 1000.0).round().clamp(1.0, 65535.0) as u16))
+        .map(|(t, s)| {
+            let milli = (s * 1000.0).round().clamp(1.0, f64::from(u32::MAX)) as u32;
+            (t, impact_code(milli))
+        })
         .collect();
     if terms.len() > MAX_TERMS {
         terms.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -375,7 +407,7 @@ struct Slot {
     terms: Vec<String>,
     merge: Merge,
     /// The impact of the last row taken: no unread row has a higher one.
-    last: u16,
+    last: u32,
     /// No more rows are read (all taken, or the scan budget spent).
     done: bool,
     /// Every row has been taken: an item not seen here lacks the word.
@@ -407,7 +439,7 @@ impl Expansion {
 /// The most an item could score given the impacts known of it: a word
 /// not read to its end may still hold it at the impact of the word's last
 /// row read.
-fn upper_bound(known: &[Option<u16>], slots: &[Slot], all: bool) -> u64 {
+fn upper_bound(known: &[Option<u32>], slots: &[Slot], all: bool) -> u64 {
     let mut sum = 0u64;
     let mut matched = 0u64;
     for (k, s) in known.iter().zip(slots) {
@@ -429,9 +461,9 @@ fn upper_bound(known: &[Option<u16>], slots: &[Slot], all: bool) -> u64 {
 }
 
 /// The (impact, id) of a term row, past its term.
-fn parse_row(row: &Row, strip: usize) -> Option<(u16, String)> {
+fn parse_row(row: &Row, strip: usize) -> Option<(u32, String)> {
     let rest = row.clustering.get(strip..)?;
-    let impact = !u16::from_be_bytes([*rest.first()?, *rest.get(1)?]);
+    let impact = impact_of(!u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
     let (id, _) = decode_str(&rest[2..])?;
     Some((impact, id))
 }
@@ -628,8 +660,8 @@ impl Engine {
                     c.score.checked_sub(MATCHED)
                 };
                 impact
-                    .and_then(|i| u16::try_from(i).ok())
-                    .map(|i| (i, c.id.as_str()))
+                    .and_then(|i| u32::try_from(i).ok())
+                    .map(|i| (impact_code(i), c.id.as_str()))
             }
             _ => None,
         };
@@ -674,7 +706,7 @@ impl Engine {
                 Slot {
                     terms,
                     merge,
-                    last: u16::MAX,
+                    last: u32::MAX,
                     done: false,
                     complete: false,
                     read: 0,
@@ -683,7 +715,7 @@ impl Engine {
             .collect();
         let mut best: BTreeMap<Place, ()> = BTreeMap::new();
         let n_slots = slots.len();
-        let mut seen: HashMap<String, Vec<Option<u16>>> = HashMap::new();
+        let mut seen: HashMap<String, Vec<Option<u32>>> = HashMap::new();
         // Candidates seen but not yet scored.
         let mut partial: Vec<String> = Vec::new();
         loop {
@@ -760,7 +792,7 @@ impl Engine {
             } else {
                 None
             };
-            let mut found: Vec<(String, Vec<Option<u16>>)> = Vec::new();
+            let mut found: Vec<(String, Vec<Option<u32>>)> = Vec::new();
             let mut lookup: Vec<String> = Vec::new();
             for id in std::mem::take(&mut partial) {
                 let known = &seen[&id];
@@ -959,15 +991,20 @@ fn choose(
             IndexState::Dropping => {}
         }
     }
+    // Without a kind, an index still being built would leave its kind's
+    // items out of a page that looks whole: the search waits for it.
+    if let Some(name) = building {
+        if out.is_empty() || kind.is_none() {
+            return Err(EngineError::IndexBuilding(name));
+        }
+    }
     if !out.is_empty() {
         return Ok(out);
     }
-    if let Some(name) = building {
-        return Err(EngineError::IndexBuilding(name));
-    }
     // Fields no index can have are bad input, not a missing index.
     crate::indexes::check_fields(fields.keys())?;
-    let k = kind.unwrap_or("KIND");
+    // Without a kind, the advice is for a kind of the caller's choosing.
+    let k = kind.unwrap_or("<kind>");
     // The advice must be one the administrator can follow: a name no index
     // has, and the fields of the kind's other text index if it has one.
     let mut name = format!("{k}-text");
@@ -983,20 +1020,83 @@ fn choose(
         n += 1;
         name = format!("{base}-{n}");
     }
-    let text = match defs
-        .iter()
-        .find(|d| d.is_text() && kind.is_some() && d.kind.as_deref() == kind)
-    {
+    let text = match defs.iter().find(|d| {
+        d.is_text()
+            && d.state != IndexState::Dropping
+            && kind.is_some()
+            && d.kind.as_deref() == kind
+    }) {
         Some(d) => serde_json::to_value(&d.text).unwrap_or_default(),
         None => serde_json::json!([{"field": "title", "weight": 3}, {"field": "description"}]),
     };
     let declare = serde_json::json!({
-        "name": name,
         "kind": k,
         "where": fields.keys().collect::<Vec<_>>(),
         "text": text,
     });
     Err(EngineError::NoIndex {
+        what: "search",
+        name,
         declare: declare.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::indexes::TextField;
+
+    #[test]
+    fn impact_codes_keep_order_past_the_fine_range() {
+        let mut last = 0;
+        for milli in (1..2_200_000u32).step_by(7) {
+            let code = impact_code(milli);
+            assert!(code >= last, "{milli}");
+            last = code;
+            assert_eq!(impact_code(impact_of(code)), code, "{milli}");
+            // Exact below FINE, within a step above it.
+            assert!(impact_of(code) >= milli.min(impact_of(u16::MAX)));
+            assert!(impact_of(code) - milli.min(impact_of(code)) < COARSE);
+        }
+        // Eight fields of weight 100 fit; any word sum of a query too.
+        assert!(impact_of(u16::MAX) >= 8 * 100 * 2_200);
+        assert!(MAX_WORDS as u64 * u64::from(impact_of(u16::MAX)) < MATCHED);
+    }
+
+    fn def(name: &str, kind: &str, state: IndexState) -> IndexDef {
+        IndexDef {
+            name: name.into(),
+            kind: Some(kind.into()),
+            where_: Vec::new(),
+            sort: Vec::new(),
+            state,
+            uid: name.into(),
+            since: 0,
+            text: vec![TextField {
+                field: "title".into(),
+                weight: 1.0,
+            }],
+            language: None,
+            ties: crate::Order::Asc,
+        }
+    }
+
+    #[test]
+    fn a_search_without_kind_waits_for_every_index_it_would_read() {
+        let defs = [
+            def("a-text", "a", IndexState::Ready),
+            def("b-text", "b", IndexState::Building),
+        ];
+        let none = BTreeMap::new();
+        assert!(matches!(
+            choose(&defs, None, &none),
+            Err(EngineError::IndexBuilding(n)) if n == "b-text"
+        ));
+        // With a kind, only that kind's index counts.
+        assert_eq!(choose(&defs, Some("a"), &none).unwrap()[0].name, "a-text");
+        assert!(matches!(
+            choose(&defs, Some("b"), &none),
+            Err(EngineError::IndexBuilding(_))
+        ));
+    }
 }

@@ -247,8 +247,10 @@ async fn missing_index_names_the_index_to_declare() {
         ..ListQuery::default()
     };
     match e.list_items(&alice, &q).await {
-        Err(EngineError::NoIndex { declare }) => {
+        Err(EngineError::NoIndex { name, declare, .. }) => {
+            assert!(tarn_engine::is_valid_name(&name), "{name}");
             let d: serde_json::Value = serde_json::from_str(&declare).unwrap();
+            assert!(d.get("name").is_none(), "the body of a PUT: {d}");
             assert_eq!(d["kind"], "user-home");
             assert_eq!(d["where"], json!(["team"]));
             assert_eq!(

@@ -87,6 +87,49 @@ fn everyone() -> Vec<Grant> {
     }]
 }
 
+/// A field of the heaviest weight allowed still ranks by its words: a
+/// short title with more matches below it beats a long one (impacts used
+/// to saturate their two bytes at weight 30 or so, and tie).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_weights_rank_by_their_words() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let fields = vec![tf("title", 100.0), tf("description", 100.0)];
+    text_index(&e, "doc-text", "doc", &[], fields).await;
+    let mut made = Vec::new();
+    for (title, desc) in [
+        ("long title with many words and then tea at the end", ""),
+        ("tea", "tea tea tea"),
+        ("tea", ""),
+        ("tea pot", "tea"),
+    ] {
+        let p = props(json!({"title": title, "description": desc}));
+        made.push(doc(&e, &ann, p, everyone()).await);
+    }
+    let got = all_pages(&e, &ann, q("tea")).await;
+    let order: Vec<&str> = got.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        order,
+        [&made[1], &made[3], &made[2], &made[0]].map(String::as_str),
+        "{got:?}"
+    );
+    let scores: Vec<f64> = got.iter().map(|(_, s)| *s).collect();
+    assert!(scores.windows(2).all(|w| w[0] > w[1]), "{scores:?}");
+    // A one-word search pages from its cursor: no repeats, none skipped.
+    let mut paged = Vec::new();
+    let mut query = q("tea");
+    query.limit = 1;
+    loop {
+        let page = e.search(&ann, &query).await.unwrap();
+        paged.extend(page.hits.iter().map(|h| h.item.item.id.clone()));
+        match page.next {
+            Some(c) => query.cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(paged, order, "{got:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn words_are_analysed_ranked_and_matched() {
     let e = common::memory();

@@ -136,23 +136,34 @@ async fn search_over_http() {
         .expect(400);
     assert_eq!(r.json()["type"], "invalid-input");
     // The advice for a where-field the kind's text index lacks can be
-    // followed as given: a new name, the kind's own text fields.
+    // followed as given, request line and body: a new name, the kind's
+    // own text fields.
     let r = app
         .get("/api/v1/search?q=x&kind=doc&where.project=p1", Some(&ann))
         .await
         .expect(400);
     let detail = r.json()["detail"].as_str().unwrap().to_string();
-    let advice: Value = serde_json::from_str(&detail[detail.find('{').unwrap()..]).unwrap();
+    let request = &detail[detail.find("PUT ").expect("a request to send")..];
+    let (path, body) = request[4..].split_once(' ').unwrap();
+    let advice: Value = serde_json::from_str(body).unwrap();
     assert_eq!(advice["where"], json!(["project"]), "{detail}");
     assert_eq!(advice["text"][1]["field"], "body", "{detail}");
-    let name = advice["name"].as_str().unwrap().to_string();
-    let mut decl = advice.clone();
-    decl.as_object_mut().unwrap().remove("name");
+    app.call(Method::PUT, path, Some(&admin), Some(advice))
+        .await
+        .expect(201);
+    // So can a listing's.
+    let r = app
+        .get("/api/v1/items?kind=doc&sort=-rank", Some(&ann))
+        .await
+        .expect(400);
+    let detail = r.json()["detail"].as_str().unwrap().to_string();
+    let request = &detail[detail.find("PUT ").expect("a request to send")..];
+    let (path, body) = request[4..].split_once(' ').unwrap();
     app.call(
         Method::PUT,
-        &format!("/api/v1/indexes/{name}"),
+        path,
         Some(&admin),
-        Some(decl),
+        Some(serde_json::from_str(body).unwrap()),
     )
     .await
     .expect(201);
