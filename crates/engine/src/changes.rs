@@ -320,10 +320,21 @@ fn view(
     };
     let item = if is {
         item.as_ref().map(|i| {
+            // The role the caller had at this change: through the
+            // principals it held then, not groups joined since (whose
+            // managers' view, with the ACL, was not the caller's then).
             let role = if actor.admin {
                 Role::Manager
-            } else {
+            } else if actor.joined.is_empty() {
                 i.role_of(&actor.principals).unwrap_or(Role::Viewer)
+            } else {
+                let then: Vec<Principal> = actor
+                    .principals
+                    .iter()
+                    .filter(|p| actor.saw_through(p, &entry.cursor))
+                    .cloned()
+                    .collect();
+                i.role_of(&then).unwrap_or(Role::Viewer)
             };
             ItemView {
                 item: (**i).clone(),
@@ -1118,6 +1129,20 @@ impl Subscription {
         }
         if self.unsure {
             self.actor.principals.retain(|p| now.principals.contains(p));
+            // A group kept may have been lost and joined again since the
+            // stream's place: it counts only from when the store says the
+            // caller's present path into it began (the earliest such path,
+            // so a group held throughout loses nothing).
+            for (g, since) in &now.joined {
+                if !self.actor.principals.contains(g) {
+                    continue;
+                }
+                match self.actor.joined.iter_mut().find(|(p, _)| p == g) {
+                    Some((_, mine)) if *mine >= *since => {}
+                    Some((_, mine)) => *mine = since.clone(),
+                    None => self.actor.joined.push((g.clone(), since.clone())),
+                }
+            }
         }
         self.actor.admin = now.admin;
         self.actor.user = now.user;

@@ -551,6 +551,110 @@ async fn a_resumed_stream_replays_past_a_group_leaving_a_group() {
     no_event(&mut sub).await;
 }
 
+/// A group lost and joined again while a resumed stream replays: what
+/// came between was not the caller's (the stream used to keep the group
+/// from before the loss, with no place it was joined at, and delivered the
+/// edit made while the caller was out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_lost_and_joined_again_hides_what_came_between() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    for g in ["team", "hall"] {
+        e.create_group(&ann, g, None, Default::default())
+            .await
+            .unwrap();
+    }
+    e.add_member(&ann, "team", &user("bob")).await.unwrap();
+    let hall = Principal::Group("hall".into());
+    let team = Principal::Group("team".into());
+    let y = e
+        .create_item(&ann, "doc", props(json!({"s": "open"})), share(hall))
+        .await
+        .unwrap()
+        .item
+        .id;
+    let start = e.changes(&bob, None, None, 1).await.unwrap().next;
+    e.add_member(&ann, "hall", &team).await.unwrap();
+    e.remove_member(&ann, "hall", &team).await.unwrap();
+    e.patch_item(
+        &ann,
+        &y,
+        None,
+        &json!({"properties": {"s": "secret"}}),
+        None,
+    )
+    .await
+    .unwrap();
+    e.add_member(&ann, "hall", &user("bob")).await.unwrap();
+    let after = message_to(&e, &ann, "hall").await;
+    let mut sub = e.subscribe(&bob, Some(&start), None).await.unwrap();
+    loop {
+        match next(&mut sub, "the message after the join").await {
+            Event::Resync => {}
+            Event::Change(c) => {
+                assert_ne!(c.id, y, "the edit made while bob was out: {c:?}");
+                assert_eq!(c.id, after);
+                break;
+            }
+        }
+    }
+    no_event(&mut sub).await;
+    let page = e.changes(&bob, Some(&start), None, 100).await.unwrap();
+    assert!(page.changes.iter().all(|c| c.id != y), "{:?}", page.changes);
+    assert!(page.changes.iter().any(|c| c.id == after));
+}
+
+/// A change shows the item with the role the caller had then: joining a
+/// group that manages it later does not show the old versions as a
+/// manager's (with their ACLs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_shows_the_role_the_caller_had_then() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    e.create_group(&ann, "owners", None, Default::default())
+        .await
+        .unwrap();
+    let start = e.changes(&bob, None, None, 1).await.unwrap().next;
+    let acl = vec![
+        Grant {
+            principal: user("bob"),
+            role: Role::Viewer,
+        },
+        Grant {
+            principal: Principal::Group("owners".into()),
+            role: Role::Manager,
+        },
+    ];
+    let x = e
+        .create_item(&ann, "doc", props(json!({})), acl)
+        .await
+        .unwrap()
+        .item
+        .id;
+    e.add_member(&ann, "owners", &user("bob")).await.unwrap();
+    e.patch_item(&ann, &x, None, &json!({"properties": {"v": 2}}), None)
+        .await
+        .unwrap();
+    let page = e.changes(&bob, Some(&start), None, 100).await.unwrap();
+    let roles: Vec<Role> = page
+        .changes
+        .iter()
+        .filter(|c| c.id == x)
+        .map(|c| c.item.as_ref().expect("a put").role)
+        .collect();
+    assert_eq!(roles, [Role::Viewer, Role::Manager], "{:?}", page.changes);
+    let mut sub = e.subscribe(&bob, Some(&start), None).await.unwrap();
+    let mut streamed = Vec::new();
+    while streamed.len() < 2 {
+        if let Event::Change(c) = next(&mut sub, "both versions").await {
+            streamed.push(c.item.expect("a put").role);
+        }
+    }
+    assert_eq!(streamed, [Role::Viewer, Role::Manager]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_from_a_cursor_misses_nothing() {
     let e = common::memory();
