@@ -77,6 +77,8 @@ pub struct AppState {
     /// Distinguishes this process's request ids.
     node: u32,
     next_request: Arc<AtomicU64>,
+    /// Set when the server stops: event streams end.
+    stopping: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl AppState {
@@ -104,6 +106,24 @@ impl AppState {
             route_ids: Arc::new(route_ids),
             node: u32::from_le_bytes(node),
             next_request: Arc::new(AtomicU64::new(0)),
+            stopping: Arc::new(tokio::sync::watch::channel(false).0),
+        }
+    }
+
+    /// Ends every event stream, now and as one opens: a stopping server
+    /// finishes its requests, and a stream is not a request that finishes
+    /// (its client resumes on another node, or after the restart, from
+    /// `Last-Event-ID`).
+    pub fn end_streams(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Resolves once the server stops.
+    pub(crate) fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut stopping = self.stopping.subscribe();
+        async move {
+            // An error: the sender is gone, so no server is left to stop.
+            let _ = stopping.wait_for(|stop| *stop).await;
         }
     }
 }

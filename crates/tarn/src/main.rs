@@ -465,6 +465,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             tracing::warn!(error = %e, "the web app's chat-history index could not be declared");
         }
     }
+    let streams = state.clone();
     let app = tarn_server::app(state);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -497,6 +498,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         grace_seconds = grace.as_secs(),
         "stopping: finishing requests in flight"
     );
+    streams.end_streams();
     stop.notify_one();
     match tokio::time::timeout(grace, server).await {
         Ok(done) => done??,

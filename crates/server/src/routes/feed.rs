@@ -8,7 +8,7 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::Response;
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use tarn_engine::Event;
 use utoipa::IntoParams;
 
@@ -196,6 +196,7 @@ pub async fn events(
             address.as_deref().map(stream_holder).as_deref(),
         )
         .await?;
+    let stopped = s.stopped();
     let stream = futures_util::stream::unfold(Some(sub), |sub| async move {
         let mut sub = sub?;
         match sub.next().await {
@@ -209,16 +210,19 @@ pub async fn events(
                 let e = SseEvent::default().event("resync").data("{}");
                 Some((Ok(e), Some(sub)))
             }
-            // The session ended or the server stops: the stream ends.
+            // The session ended: the stream ends.
             Err(e) => {
                 tracing::info!(error = %e, "event stream ends");
                 None
             }
         }
-    });
+    })
+    .take_until(stopped);
     Ok(Sse::new(stream).keep_alive(
+        // At least every 15 s, says the contract: every 10, so that no
+        // timer's lateness makes a gap of 15.
         KeepAlive::new()
-            .interval(Duration::from_secs(15))
+            .interval(Duration::from_secs(10))
             .text("keep-alive"),
     ))
 }

@@ -1,6 +1,6 @@
 //! Runs `target/.../tarn` as a separate process.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command};
@@ -165,6 +165,51 @@ fn serve_stop_gracefully_restart() {
     );
     terminate(&s.child);
     assert!(wait_exit(&mut s.child).success());
+}
+
+/// A stopping server ends its event streams instead of waiting its grace
+/// period out for them: a stream is not a request that finishes.
+#[test]
+fn a_stop_ends_event_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, a) = spawn_serve(|c| {
+        c.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--grace-seconds",
+            "600",
+            "--data",
+        ])
+        .arg(dir.path());
+    });
+    let r = call(
+        a,
+        "POST",
+        "/api/v1/users",
+        None,
+        Some(json!({"username": "carol", "password": "carol-password"})),
+    );
+    assert_eq!(r.status, 201);
+    let carol = sign_in(a, "carol", "carol-password");
+    let mut stream = connect(a);
+    stream
+        .write_all(head("GET", "/api/v1/events", Some(&carol), None, 0).as_bytes())
+        .unwrap();
+    let mut first = [0u8; 64];
+    let n = stream.read(&mut first).unwrap();
+    assert!(
+        first[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&first[..n])
+    );
+    terminate(&child);
+    // The stream ends (read to its end), and the server exits 0 well
+    // before its grace period (`wait_exit` gives it 30 s of 600).
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).unwrap();
+    let status = wait_exit(&mut child);
+    assert!(status.success(), "exit status {status:?}");
 }
 
 #[test]
