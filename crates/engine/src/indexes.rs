@@ -246,6 +246,87 @@ pub(crate) fn bucket_of(id: &str, split: u32) -> u32 {
     }
 }
 
+/// Refuses a declaration no administrator could make (declared, or read
+/// from an export): a name and kind, where and sort fields an index can
+/// have, each named once; a sort index sorts by a field at least; a text
+/// index has text fields of positive weights and a known language, and no
+/// sort.
+pub(crate) fn check_declaration(
+    name: &str,
+    kind: &str,
+    where_: &[String],
+    sort: &[SortField],
+    text: &[TextField],
+    language: Option<&str>,
+) -> Result<()> {
+    check_name("index name", name)?;
+    check_name("kind", kind)?;
+    check_fields(where_.iter().chain(sort.iter().map(|s| &s.field)))?;
+    let unique: BTreeSet<&String> = where_.iter().collect();
+    if unique.len() != where_.len() {
+        return Err(EngineError::InvalidInput(
+            "a where field is named twice".into(),
+        ));
+    }
+    if text.is_empty() {
+        if sort.is_empty() {
+            return Err(EngineError::InvalidInput(
+                "an index sorts by at least one field (or is a text index, with text fields)"
+                    .into(),
+            ));
+        }
+        let unique: BTreeSet<&String> = sort.iter().map(|s| &s.field).collect();
+        if unique.len() != sort.len() {
+            return Err(EngineError::InvalidInput(
+                "a sort field is named twice".into(),
+            ));
+        }
+        return Ok(());
+    }
+    if !sort.is_empty() {
+        return Err(EngineError::InvalidInput(
+            "a text index has no sort fields".into(),
+        ));
+    }
+    if text.len() > MAX_FIELDS {
+        return Err(EngineError::InvalidInput(format!(
+            "a text index has at most {MAX_FIELDS} text fields"
+        )));
+    }
+    let mut seen = BTreeSet::new();
+    for t in text {
+        if t.field != "$body" {
+            check_field(&t.field)?;
+        }
+        if BUILT_IN_FIELDS.contains(&t.field.as_str()) {
+            return Err(EngineError::InvalidInput(format!(
+                "text field {} is not a dot path into properties or $body",
+                t.field
+            )));
+        }
+        if !(t.weight.is_finite() && t.weight > 0.0 && t.weight <= 100.0) {
+            return Err(EngineError::InvalidInput(format!(
+                "the weight of {} is a number above 0 and at most 100",
+                t.field
+            )));
+        }
+        if !seen.insert(t.field.as_str()) {
+            return Err(EngineError::InvalidInput(format!(
+                "text field {} is named twice",
+                t.field
+            )));
+        }
+    }
+    let language = language.unwrap_or("english");
+    if !crate::text::is_language(language) {
+        return Err(EngineError::InvalidInput(format!(
+            "language {language:?} is not one of {}",
+            crate::text::LANGUAGES.join(", ")
+        )));
+    }
+    Ok(())
+}
+
 impl IndexDef {
     /// Whether the index covers items of this kind.
     pub fn covers(&self, kind: &str) -> bool {
@@ -481,18 +562,6 @@ impl Engine {
         where_: Vec<String>,
         sort: Vec<SortField>,
     ) -> Result<(IndexDef, bool)> {
-        if sort.is_empty() {
-            return Err(EngineError::InvalidInput(
-                "an index sorts by at least one field (or is a text index, with text fields)"
-                    .into(),
-            ));
-        }
-        let unique: BTreeSet<&String> = sort.iter().map(|s| &s.field).collect();
-        if unique.len() != sort.len() {
-            return Err(EngineError::InvalidInput(
-                "a sort field is named twice".into(),
-            ));
-        }
         self.declare(caller, name, kind, where_, sort, Vec::new(), None)
             .await
     }
@@ -514,42 +583,7 @@ impl Engine {
                 "a text index names at least one text field".into(),
             ));
         }
-        if text.len() > MAX_FIELDS {
-            return Err(EngineError::InvalidInput(format!(
-                "a text index has at most {MAX_FIELDS} text fields"
-            )));
-        }
-        let mut seen = BTreeSet::new();
-        for t in &text {
-            if t.field != "$body" {
-                check_field(&t.field)?;
-            }
-            if BUILT_IN_FIELDS.contains(&t.field.as_str()) {
-                return Err(EngineError::InvalidInput(format!(
-                    "text field {} is not a dot path into properties or $body",
-                    t.field
-                )));
-            }
-            if !(t.weight.is_finite() && t.weight > 0.0 && t.weight <= 100.0) {
-                return Err(EngineError::InvalidInput(format!(
-                    "the weight of {} is a number above 0 and at most 100",
-                    t.field
-                )));
-            }
-            if !seen.insert(t.field.as_str()) {
-                return Err(EngineError::InvalidInput(format!(
-                    "text field {} is named twice",
-                    t.field
-                )));
-            }
-        }
         let language = language.unwrap_or_else(|| "english".into());
-        if !crate::text::is_language(&language) {
-            return Err(EngineError::InvalidInput(format!(
-                "language {language:?} is not one of {}",
-                crate::text::LANGUAGES.join(", ")
-            )));
-        }
         self.declare(caller, name, kind, where_, Vec::new(), text, Some(language))
             .await
     }
@@ -565,15 +599,7 @@ impl Engine {
         text: Vec<TextField>,
         language: Option<String>,
     ) -> Result<(IndexDef, bool)> {
-        check_name("index name", name)?;
-        check_name("kind", kind)?;
-        check_fields(where_.iter().chain(sort.iter().map(|s| &s.field)))?;
-        let unique: BTreeSet<&String> = where_.iter().collect();
-        if unique.len() != where_.len() {
-            return Err(EngineError::InvalidInput(
-                "a where field is named twice".into(),
-            ));
-        }
+        check_declaration(name, kind, &where_, &sort, &text, language.as_deref())?;
         let (def, created, aside) = self
             .retrying(|| async {
                 let defs = self.admin_defs(caller).await?;

@@ -72,7 +72,7 @@ fn not_found(id: &str) -> EngineError {
 
 /// Whether `id` could be an item id at all (anything else is simply not
 /// found, without a read).
-fn plausible_id(id: &str) -> bool {
+pub(crate) fn plausible_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 64
         && id

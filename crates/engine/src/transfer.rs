@@ -294,6 +294,9 @@ fn unfinished_key() -> Key {
 struct BodyCheck {
     item: String,
     blob: String,
+    /// Every chunk but the last holds this many bytes (reads find a byte
+    /// by its chunk), and the last the rest.
+    chunk: u64,
     size: u64,
     sha256: String,
     next: u64,
@@ -357,7 +360,17 @@ impl Importer {
                     "index declarations come before every other record".into(),
                 ));
             }
-            crate::model::check_name("index name", &index.name)?;
+            let kind = index.kind.as_deref().ok_or_else(|| {
+                EngineError::InvalidInput(format!("index {} has no kind", index.name))
+            })?;
+            crate::indexes::check_declaration(
+                &index.name,
+                kind,
+                &index.where_,
+                &index.sort,
+                &index.text,
+                index.language.as_deref(),
+            )?;
             self.declared.push(index);
             return Ok(());
         }
@@ -379,21 +392,28 @@ impl Importer {
         match record {
             Record::Index { .. } => unreachable!("handled above"),
             Record::User { user } => {
-                crate::model::check_name("username", &user.username)?;
+                crate::model::check_new_name("username", &user.username)?;
+                check_time(&user.username, user.created_at)?;
                 crate::users::check_stored_hash(&user)?;
                 let key = schema::user_key(&user.username);
                 fresh(&mut self.fresh, &key, "user", &user.username)?;
                 b.put(key, schema::encode(&user), 1);
             }
             Record::Group { group } => {
-                crate::model::check_name("group id", &group.id)?;
+                crate::model::check_new_name("group id", &group.id)?;
+                check_time(&group.id, group.created_at)?;
                 check_group(&group)?;
                 let key = schema::group_key(&group.id);
                 fresh(&mut self.fresh, &key, "group", &group.id)?;
                 b.put(key, schema::encode(&group), 1);
             }
             Record::Member { group, member } => {
-                crate::model::check_name("group id", &group)?;
+                crate::model::check_new_name("group id", &group)?;
+                match &member {
+                    Principal::User(u) => crate::model::check_new_name("username", u)?,
+                    Principal::Group(g) => crate::model::check_new_name("group id", g)?,
+                    _ => {}
+                }
                 if !matches!(member, Principal::User(_) | Principal::Group(_)) {
                     return Err(EngineError::InvalidInput(format!(
                         "{member} cannot be a member of a group"
@@ -418,10 +438,11 @@ impl Importer {
             }
             Record::Item { item } => {
                 crate::model::check_name("kind", &item.kind)?;
-                if item.id.is_empty() || item.id.len() > 64 {
-                    return Err(EngineError::InvalidInput(
-                        "an item id of 1 to 64 bytes".into(),
-                    ));
+                if !crate::items::plausible_id(&item.id) {
+                    return Err(EngineError::InvalidInput(format!(
+                        "item id {:?}: 1 to 64 of A-Z, a-z, 0-9, '-', '_'",
+                        item.id
+                    )));
                 }
                 check_item(&self.engine, &item)?;
                 fresh(
@@ -434,6 +455,7 @@ impl Importer {
                     self.body = Some(BodyCheck {
                         item: item.id.clone(),
                         blob: body.blob.clone(),
+                        chunk: u64::from(body.chunk),
                         size: body.size,
                         sha256: body.sha256.clone(),
                         next: 0,
@@ -488,14 +510,18 @@ impl Importer {
             })?;
         let bytes = unb64(data)
             .ok_or_else(|| EngineError::InvalidInput("chunk data is base64url".into()))?;
-        body.next += 1;
-        body.got += bytes.len() as u64;
-        if body.got > body.size {
+        let want = body.chunk.min(body.size.saturating_sub(body.got));
+        if bytes.len() as u64 != want {
             return Err(EngineError::InvalidInput(format!(
-                "the body of item {} is longer than its size, {}",
-                body.item, body.size
+                "chunk {n} of the body of item {} holds {} bytes where its chunk size ({}) and size ({}) say {want}",
+                body.item,
+                bytes.len(),
+                body.chunk,
+                body.size
             )));
         }
+        body.next += 1;
+        body.got += bytes.len() as u64;
         body.hasher.update(&bytes);
         self.batch.put(schema::chunk_key(blob, n), bytes, 1);
         self.flush_when_full().await
@@ -632,16 +658,35 @@ fn fresh(keys: &mut BTreeSet<Key>, key: &Key, what: &str, name: &str) -> Result<
     Ok(())
 }
 
+/// The highest version an import takes: past it a JavaScript client
+/// could not read a version exactly, and a write would have no next one.
+const MAX_VERSION: u64 = (1 << 53) - 1;
+
+/// Refuses a time no write could have made: one outside the years 1970 to
+/// 9999 (microseconds since the Unix epoch), which RFC 3339 cannot show.
+fn check_time(whose: &str, micros: i64) -> Result<()> {
+    const LAST: i64 = 253_402_300_799_999_999;
+    if (0..=LAST).contains(&micros) {
+        Ok(())
+    } else {
+        Err(EngineError::InvalidInput(format!(
+            "{whose}: the time {micros} is not between 1970 and 9999"
+        )))
+    }
+}
+
 /// Refuses an item no write of the API could have made.
 fn check_item(engine: &Engine, item: &Item) -> Result<()> {
     engine.check_properties(item.properties.map())?;
     crate::model::check_name("username", &item.created_by)?;
-    if item.version == 0 {
+    if item.version == 0 || item.version > MAX_VERSION {
         return Err(EngineError::InvalidInput(format!(
-            "item {} is at version 0: versions start at 1",
-            item.id
+            "item {} is at version {}: versions start at 1 and stay below 2^53",
+            item.id, item.version
         )));
     }
+    check_time(&item.id, item.created_at)?;
+    check_time(&item.id, item.modified_at)?;
     if item.acl.len() > crate::items::MAX_GRANTS {
         return Err(crate::items::too_many_grants());
     }

@@ -414,6 +414,11 @@ async fn imports_refuse_files_that_do_not_hold_together() {
         .iter()
         .position(|l| l.contains("\"type\":\"item\""))
         .unwrap();
+    let with_body = chunks[0] - 1;
+    assert!(
+        lines[with_body].contains("\"type\":\"item\""),
+        "a body's chunks follow its item"
+    );
     let first_link = lines
         .iter()
         .position(|l| l.contains("\"type\":\"link\""))
@@ -507,6 +512,38 @@ async fn imports_refuse_files_that_do_not_hold_together() {
             "version 0",
         ),
         (
+            "an item at a version no write reaches",
+            altered(first_item, &|l| field(l, "version", "18446744073709551615")),
+            "2^53",
+        ),
+        (
+            "an item id no read finds",
+            altered(first_item, &|l| field(l, "id", "\"a/b c.d\"")),
+            "item id",
+        ),
+        (
+            "an item changed past the year 9999",
+            altered(first_item, &|l| {
+                field(l, "modifiedAt", "9223372036854775807")
+            }),
+            "between 1970 and 9999",
+        ),
+        (
+            "a user named as a built-in principal",
+            altered(first_user, &|l| field(l, "username", "\"everyone\"")),
+            "built-in principal",
+        ),
+        (
+            "a body whose chunks are not of its chunk size",
+            altered(with_body, &|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                let chunk = &mut v["item"]["body"]["chunk"];
+                *chunk = (chunk.as_u64().unwrap() * 2).into();
+                v.to_string()
+            }),
+            "chunk size",
+        ),
+        (
             "a link that manages",
             altered(first_link, &|l| {
                 l.replace("\"role\":\"viewer\"", "\"role\":\"manager\"")
@@ -563,4 +600,17 @@ async fn imports_refuse_files_that_do_not_hold_together() {
         assert!(failed.contains(says), "{what}: {failed}");
         assert!(unfinished, "{what}: the store says it holds part of a file");
     }
+    // A declaration no administrator could make is refused before anything
+    // is written.
+    let (failed, unfinished) = import_lines(&altered(0, &|l| {
+        field(&field(l, "sort", "[]"), "text", "[]")
+    }))
+    .await;
+    assert!(
+        failed
+            .as_deref()
+            .is_some_and(|f| f.contains("at least one field")),
+        "{failed:?}"
+    );
+    assert!(!unfinished, "nothing written");
 }
