@@ -325,16 +325,13 @@ fn view(
             // managers' view, with the ACL, was not the caller's then).
             let role = if actor.admin {
                 Role::Manager
-            } else if actor.joined.is_empty() {
-                i.role_of(&actor.principals).unwrap_or(Role::Viewer)
             } else {
-                let then: Vec<Principal> = actor
-                    .principals
+                i.acl
                     .iter()
-                    .filter(|p| actor.saw_through(p, &entry.cursor))
-                    .cloned()
-                    .collect();
-                i.role_of(&then).unwrap_or(Role::Viewer)
+                    .filter(|g| actor.saw_through(&g.principal, &entry.cursor))
+                    .map(|g| g.role)
+                    .max()
+                    .unwrap_or(Role::Viewer)
             };
             ItemView {
                 item: (**i).clone(),

@@ -59,6 +59,7 @@ use crate::error::{EngineError, Result};
 use crate::keys::{encode_str, encode_value, encode_where, Order};
 use crate::model::check_name;
 use crate::schema::{self, ItemRow, INDEX, INDEX_DEFS, KINDS, KIND_BUCKETS};
+use crate::search::Impacts;
 use crate::{b64, random_bytes, Caller, Engine, Item, Principal};
 
 /// One sort field of an index.
@@ -117,6 +118,10 @@ pub struct IndexDef {
     /// kept have their ids ascending, and keep them: their rows say so.
     #[serde(default, skip_serializing_if = "Order::is_asc")]
     pub ties: Order,
+    /// How a text index codes impacts (older declarations: the code their
+    /// rows were written with).
+    #[serde(default, skip_serializing_if = "Impacts::is_milli")]
+    pub impacts: Impacts,
 }
 
 /// One field of a text index.
@@ -160,6 +165,7 @@ pub(crate) fn builtins() -> Vec<IndexDef> {
         text: Vec::new(),
         language: None,
         ties: Order::Asc,
+        impacts: Impacts::Milli,
     };
     vec![
         def("_kind", &["kind"]),
@@ -654,6 +660,11 @@ impl Engine {
                     text: text.clone(),
                     language: language.clone(),
                     ties: sort.first().map_or(Order::Asc, |s| s.order),
+                    impacts: if text.is_empty() {
+                        Impacts::Milli
+                    } else {
+                        Impacts::Stepped
+                    },
                 };
                 b.put(schema::def_key(name), schema::encode(&def), 1);
                 self.write_defs(defs.version, b).await?;

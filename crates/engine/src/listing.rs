@@ -470,27 +470,36 @@ impl Merge {
 }
 
 fn suggest(
+    defs: &[IndexDef],
     kind: Option<&str>,
     fields: &BTreeMap<String, Value>,
     sort: &[SortField],
 ) -> (String, String) {
-    let kind = kind.unwrap_or("kind");
-    let mut name = kind.to_string();
+    let mut rest = String::new();
     for s in sort {
-        name.push_str("-by-");
-        name.push_str(&s.field.replace('.', "-"));
+        rest.push_str("-by-");
+        rest.push_str(&s.field.replace('.', "-"));
     }
     let where_: Vec<&String> = fields.keys().filter(|f| *f != "kind").collect();
     for w in &where_ {
-        name.push_str("-where-");
-        name.push_str(&w.replace('.', "-"));
+        rest.push_str("-where-");
+        rest.push_str(&w.replace('.', "-"));
     }
-    let name: String = name
-        .to_ascii_lowercase()
+    // Without a kind (a listing of every kind, which no declared index
+    // serves), the advice is for the kind the caller means to list.
+    let kind = kind.unwrap_or("<kind>");
+    let base: String = format!("{kind}{}", rest.to_ascii_lowercase())
         .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
-        .take(64)
+        .filter(|c| c.is_ascii_alphanumeric() || "-_.<>".contains(*c))
+        .take(60)
         .collect();
+    // A name no index has: one of the same name may sort otherwise.
+    let mut name = base.clone();
+    let mut n = 1;
+    while defs.iter().any(|d| d.name == name) {
+        n += 1;
+        name = format!("{base}-{n}");
+    }
     let declare = json!({
         "kind": kind,
         "where": where_,
@@ -583,7 +592,7 @@ impl Engine {
                 .map(|s| &s.field)
                 .chain(fields.keys().filter(|f| *f != "kind")),
         )?;
-        let (name, declare) = suggest(q.kind.as_deref(), fields, sort);
+        let (name, declare) = suggest(defs, q.kind.as_deref(), fields, sort);
         Err(EngineError::NoIndex {
             what: "listing",
             name,

@@ -44,6 +44,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tarn_store::{Direction, Key, Row, Scan, Snapshot, SnapshotExt, Table};
 
@@ -91,35 +92,54 @@ const B: f64 = 0.75;
 /// average over items (which would let other items move scores).
 const LENGTH: f64 = 32.0;
 /// In `match=any`, each word matched counts this much more than any sum
-/// of impacts (at most [`MAX_WORDS`] of [`impact_of`]`(u16::MAX)`), so
-/// items matching more words come first.
+/// of impacts (at most [`MAX_WORDS`] of the largest impact), so items
+/// matching more words come first.
 const MATCHED: u64 = 1 << 26;
 /// An impact is kept in two bytes (in a row's clustering key and in the
-/// forward row): in thousandths below this, and above it in steps of
-/// [`COARSE`] thousandths, so that even eight fields of weight 100
-/// (2,200 × 8 at most) rank by their words instead of all saturating at
-/// one value.
+/// forward row), coded as its text index says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Impacts {
+    /// Thousandths, saturating at 65.535, so fields of weight 30 or more
+    /// tie: text indexes declared before 2026-11-26 (their rows hold these
+    /// codes, and are found and removed by them).
+    #[default]
+    Milli,
+    /// Thousandths below [`FINE`], steps of [`COARSE`] thousandths above,
+    /// so that even eight fields of weight 100 (2,200 × 8 at most) rank by
+    /// their words.
+    Stepped,
+}
+
 const FINE: u32 = 1 << 15;
 const COARSE: u32 = 64;
 
-/// The two-byte code of an impact in thousandths (monotone; exact below
-/// [`FINE`], and the inverse of [`impact_of`] on every code).
-fn impact_code(milli: u32) -> u16 {
-    let milli = milli.max(1);
-    if milli < FINE {
-        milli as u16
-    } else {
-        (FINE + (milli - FINE).div_ceil(COARSE)).min(u32::from(u16::MAX)) as u16
+impl Impacts {
+    /// Whether this is the code of older declarations.
+    pub fn is_milli(&self) -> bool {
+        *self == Impacts::Milli
     }
-}
 
-/// The impact, in thousandths, a two-byte code stands for.
-fn impact_of(code: u16) -> u32 {
-    let c = u32::from(code);
-    if c < FINE {
-        c
-    } else {
-        FINE + (c - FINE) * COARSE
+    /// The two-byte code of an impact in thousandths: monotone, and the
+    /// inverse of [`Impacts::milli`] on every code.
+    fn code(self, milli: u32) -> u16 {
+        let milli = milli.max(1);
+        match self {
+            Impacts::Milli => milli.min(u32::from(u16::MAX)) as u16,
+            Impacts::Stepped if milli < FINE => milli as u16,
+            Impacts::Stepped => {
+                (FINE + (milli - FINE).div_ceil(COARSE)).min(u32::from(u16::MAX)) as u16
+            }
+        }
+    }
+
+    /// The impact, in thousandths, a code stands for.
+    fn milli(self, code: u16) -> u32 {
+        let c = u32::from(code);
+        match self {
+            Impacts::Stepped if c >= FINE => FINE + (c - FINE) * COARSE,
+            _ => c,
+        }
     }
 }
 
@@ -230,7 +250,7 @@ fn encode_forward(impacts: &BTreeMap<String, u16>) -> Vec<u8> {
 /// the item has none of them), in one pass over the row: nothing else of
 /// it is decoded (a hash map of every term per candidate was most of a
 /// search's instructions).
-fn slot_impacts(bytes: &[u8], slots: &[Slot]) -> Result<Vec<Option<u32>>> {
+fn slot_impacts(bytes: &[u8], slots: &[Slot], codes: Impacts) -> Result<Vec<Option<u32>>> {
     let bad = || crate::error::corrupt("forward row", "truncated");
     let mut out = vec![None; slots.len()];
     let mut i = 0;
@@ -238,7 +258,7 @@ fn slot_impacts(bytes: &[u8], slots: &[Slot]) -> Result<Vec<Option<u32>>> {
         let n = bytes[i] as usize;
         let t = bytes.get(i + 1..i + 1 + n).ok_or_else(bad)?;
         let imp = bytes.get(i + 1 + n..i + 3 + n).ok_or_else(bad)?;
-        let imp = impact_of(u16::from_be_bytes([imp[0], imp[1]]));
+        let imp = codes.milli(u16::from_be_bytes([imp[0], imp[1]]));
         for (best, s) in out.iter_mut().zip(slots) {
             if s.terms.iter().any(|q| q.as_bytes() == t) && best.is_none_or(|b| b < imp) {
                 *best = Some(imp);
@@ -291,7 +311,7 @@ pub(crate) fn impacts(def: &IndexDef, item: &Item) -> BTreeMap<String, u16> {
         .into_iter()
         .map(|(t, s)| {
             let milli = (s * 1000.0).round().clamp(1.0, f64::from(u32::MAX)) as u32;
-            (t, impact_code(milli))
+            (t, def.impacts.code(milli))
         })
         .collect();
     if terms.len() > MAX_TERMS {
@@ -353,7 +373,7 @@ impl Ord for Place {
     }
 }
 
-const CURSOR_VERSION: u8 = 2;
+const CURSOR_VERSION: u8 = 3;
 
 /// What a cursor is sealed for: the search's words, kind, where values,
 /// match mode and prefix, so that a cursor of one search is refused by
@@ -461,9 +481,9 @@ fn upper_bound(known: &[Option<u32>], slots: &[Slot], all: bool) -> u64 {
 }
 
 /// The (impact, id) of a term row, past its term.
-fn parse_row(row: &Row, strip: usize) -> Option<(u32, String)> {
+fn parse_row(row: &Row, strip: usize, codes: Impacts) -> Option<(u32, String)> {
     let rest = row.clustering.get(strip..)?;
-    let impact = impact_of(!u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
+    let impact = codes.milli(!u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
     let (id, _) = decode_str(&rest[2..])?;
     Some((impact, id))
 }
@@ -661,7 +681,7 @@ impl Engine {
                 };
                 impact
                     .and_then(|i| u32::try_from(i).ok())
-                    .map(|i| (impact_code(i), c.id.as_str()))
+                    .map(|i| (def.impacts.code(i), c.id.as_str()))
             }
             _ => None,
         };
@@ -766,7 +786,7 @@ impl Engine {
                 for row in &rows {
                     // Rows of each term merge past the term's bytes.
                     let strip = decode_str(&row.clustering).map_or(0, |(_, n)| n);
-                    if let Some((impact, id)) = parse_row(row, strip) {
+                    if let Some((impact, id)) = parse_row(row, strip, def.impacts) {
                         s.last = impact;
                         let known = seen.entry(id).or_insert_with_key(|id| {
                             fresh.push(id.clone());
@@ -822,7 +842,7 @@ impl Engine {
             let fwd = crate::read(snap, &keys, &[]).await?.rows;
             for (id, row) in lookup.into_iter().zip(fwd) {
                 if let Some(row) = row {
-                    found.push((id, slot_impacts(&row.value, &slots)?));
+                    found.push((id, slot_impacts(&row.value, &slots, def.impacts)?));
                 }
             }
             for (id, impacts) in found {
@@ -1048,19 +1068,28 @@ mod tests {
 
     #[test]
     fn impact_codes_keep_order_past_the_fine_range() {
+        let stepped = Impacts::Stepped;
         let mut last = 0;
         for milli in (1..2_200_000u32).step_by(7) {
-            let code = impact_code(milli);
+            let code = stepped.code(milli);
             assert!(code >= last, "{milli}");
             last = code;
-            assert_eq!(impact_code(impact_of(code)), code, "{milli}");
+            assert_eq!(stepped.code(stepped.milli(code)), code, "{milli}");
             // Exact below FINE, within a step above it.
-            assert!(impact_of(code) >= milli.min(impact_of(u16::MAX)));
-            assert!(impact_of(code) - milli.min(impact_of(code)) < COARSE);
+            let top = stepped.milli(u16::MAX);
+            assert!(stepped.milli(code) >= milli.min(top));
+            assert!(stepped.milli(code) - milli.min(stepped.milli(code)) < COARSE);
         }
         // Eight fields of weight 100 fit; any word sum of a query too.
-        assert!(impact_of(u16::MAX) >= 8 * 100 * 2_200);
-        assert!(MAX_WORDS as u64 * u64::from(impact_of(u16::MAX)) < MATCHED);
+        assert!(stepped.milli(u16::MAX) >= 8 * 100 * 2_200);
+        assert!(MAX_WORDS as u64 * u64::from(stepped.milli(u16::MAX)) < MATCHED);
+        // Older declarations keep the codes their rows hold.
+        let milli = Impacts::Milli;
+        for m in [1, 32_767, 32_768, 40_000, 65_535] {
+            assert_eq!(milli.code(m), m as u16);
+            assert_eq!(milli.milli(m as u16), m);
+        }
+        assert_eq!(milli.code(200_000), u16::MAX);
     }
 
     fn def(name: &str, kind: &str, state: IndexState) -> IndexDef {
@@ -1078,6 +1107,7 @@ mod tests {
             }],
             language: None,
             ties: crate::Order::Asc,
+            impacts: Impacts::Stepped,
         }
     }
 

@@ -371,6 +371,22 @@ impl Importer {
                 &index.text,
                 index.language.as_deref(),
             )?;
+            // Ties the other way only under a first sort field descending,
+            // and wider impact codes only for a text index: what a
+            // declaration makes.
+            let ties = index.ties == crate::Order::Asc
+                || (index.text.is_empty()
+                    && index
+                        .sort
+                        .first()
+                        .is_some_and(|s| s.order == crate::Order::Desc));
+            let codes = index.impacts.is_milli() || !index.text.is_empty();
+            if !ties || !codes {
+                return Err(EngineError::InvalidInput(format!(
+                    "index {}: ties or impact codes no declaration makes",
+                    index.name
+                )));
+            }
             self.declared.push(index);
             return Ok(());
         }

@@ -237,6 +237,22 @@ async fn unknown_principals_are_refused() {
 async fn missing_index_names_the_index_to_declare() {
     let e = common::memory();
     let (alice, _) = alice_bob(&e).await;
+    // An index of the name the advice would take, sorting by another
+    // field: the advice names another.
+    let taken = "user-home-by-public-lastname-where-team";
+    e.declare_index(
+        &common::admin(),
+        taken,
+        "user-home",
+        vec!["team".into()],
+        vec![SortField {
+            field: "rank".into(),
+            order: Order::Asc,
+        }],
+    )
+    .await
+    .unwrap();
+    common::wait_ready(&e, taken).await;
     let q = ListQuery {
         kind: Some("user-home".into()),
         sort: vec![SortField {
@@ -249,6 +265,7 @@ async fn missing_index_names_the_index_to_declare() {
     match e.list_items(&alice, &q).await {
         Err(EngineError::NoIndex { name, declare, .. }) => {
             assert!(tarn_engine::is_valid_name(&name), "{name}");
+            assert_eq!(name, format!("{taken}-2"));
             let d: serde_json::Value = serde_json::from_str(&declare).unwrap();
             assert!(d.get("name").is_none(), "the body of a PUT: {d}");
             assert_eq!(d["kind"], "user-home");

@@ -292,6 +292,7 @@ async fn imports_refuse_bad_records() {
             text: vec![],
             language: None,
             ties: tarn_engine::Order::Asc,
+            impacts: tarn_engine::Impacts::Milli,
         },
     };
     assert!(imp.add(late).await.is_err(), "declarations come first");
@@ -613,4 +614,131 @@ async fn imports_refuse_files_that_do_not_hold_together() {
         "{failed:?}"
     );
     assert!(!unfinished, "nothing written");
+}
+
+/// Declarations carry the encodings their rows hold: one made today (ties
+/// reversed under a descending first field, wide impact codes) keeps them
+/// across a move, and one from an older export (without those fields)
+/// keeps the older ones (ids ascending in ties, impacts saturating at
+/// 65.535), which its rows in an older store were written with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declarations_keep_the_encodings_of_their_rows() {
+    let source = common::memory();
+    source
+        .declare_index(
+            &admin(),
+            "doc-by-rank-desc",
+            "doc",
+            vec![],
+            vec![SortField {
+                field: "rank".into(),
+                order: Order::Desc,
+            }],
+        )
+        .await
+        .unwrap();
+    source
+        .declare_text_index(
+            &admin(),
+            "doc-text",
+            "doc",
+            vec![],
+            vec![TextField {
+                field: "title".into(),
+                weight: 100.0,
+            }],
+            None,
+        )
+        .await
+        .unwrap();
+    common::wait_ready(&source, "doc-by-rank-desc").await;
+    common::wait_ready(&source, "doc-text").await;
+    let mut lines = Vec::new();
+    source
+        .export(|r| {
+            lines.push(serde_json::to_string(r).unwrap());
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let older: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            if v["type"] == "index" {
+                let index = v["index"].as_object_mut().unwrap();
+                let ties = index.remove("ties").is_some();
+                let impacts = index.remove("impacts").is_some();
+                assert!(ties || impacts, "one or the other declared today: {l}");
+            }
+            v.to_string()
+        })
+        .collect();
+    for (file, now) in [(&lines, true), (&older, false)] {
+        let e = common::memory();
+        let mut imp = e.importer();
+        for l in file {
+            imp.add(serde_json::from_str(l).unwrap()).await.unwrap();
+        }
+        imp.finish().await.unwrap();
+        let ann = sign_up(&e, "ann").await;
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let p = props(json!({"rank": 1, "title": "tea"}));
+            let everyone = vec![Grant {
+                principal: Principal::Everyone,
+                role: Role::Viewer,
+            }];
+            ids.push(
+                e.create_item(&ann, "doc", p, everyone)
+                    .await
+                    .unwrap()
+                    .item
+                    .id,
+            );
+        }
+        ids.sort();
+        let q = ListQuery {
+            kind: Some("doc".into()),
+            sort: vec![SortField {
+                field: "rank".into(),
+                order: Order::Desc,
+            }],
+            limit: 10,
+            ..ListQuery::default()
+        };
+        let listed: Vec<String> = e
+            .list_items(&ann, &q)
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|v| v.item.id)
+            .collect();
+        let mut want = ids.clone();
+        if now {
+            want.reverse();
+        }
+        assert_eq!(listed, want, "ties, now={now}");
+        let hits = e
+            .search(
+                &ann,
+                &SearchQuery {
+                    q: "tea".into(),
+                    kind: Some("doc".into()),
+                    ..SearchQuery::default()
+                },
+            )
+            .await
+            .unwrap()
+            .hits;
+        assert_eq!(hits.len(), 3);
+        // A one-word title of weight 100: 165.66, or saturated.
+        let score = hits[0].score;
+        if now {
+            assert!(score > 160.0, "{score}");
+        } else {
+            assert_eq!(score, 65.535);
+        }
+    }
 }
