@@ -683,18 +683,14 @@ impl Engine {
     fn spawn_build(&self, name: String) {
         let engine = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = engine.build_index(&name).await {
-                tracing_error(&name, &e);
-            }
+            keep_trying(&name, || engine.build_index(&name)).await;
         });
     }
 
     fn spawn_drop(&self, name: String) {
         let engine = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = engine.remove_index_rows(&name).await {
-                tracing_error(&name, &e);
-            }
+            keep_trying(&name, || engine.remove_index_rows(&name)).await;
         });
     }
 
@@ -1001,4 +997,33 @@ where
 
 fn tracing_error(name: &str, e: &EngineError) {
     tracing::error!(index = name, error = %e, "background index work failed");
+}
+
+/// The longest wait between two tries of background index work.
+const RETRY_AT_MOST: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs background index work until it is done. A try that fails because
+/// the store could not serve (each try has already retried a few times) is
+/// followed by another, later and later up to [`RETRY_AT_MOST`] apart: an
+/// outage must not leave an index building, answering `index-building`,
+/// until a node restarts. Any other failure is logged and ends the work.
+async fn keep_trying<F, Fut>(name: &str, work: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let mut wait = std::time::Duration::from_secs(1);
+    loop {
+        match work().await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing_error(name, &e);
+                if !matches!(e, EngineError::Unavailable(_) | EngineError::Store(_)) {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(RETRY_AT_MOST);
+    }
 }

@@ -20,6 +20,10 @@ const OK: u8 = 0;
 const READS_FAIL: u8 = 1;
 const WRITES_FAIL: u8 = 2;
 const SNAPSHOTS_FAIL: u8 = 3;
+/// Works until the next write has succeeded, then fails every read and
+/// write: an outage that starts right after a write.
+const OUTAGE_AFTER_WRITE: u8 = 4;
+const OUTAGE: u8 = 5;
 
 /// A memory store that fails on demand, each time with another kind of
 /// store error.
@@ -47,7 +51,7 @@ struct FailingSnapshot {
 #[async_trait::async_trait]
 impl Snapshot for FailingSnapshot {
     async fn read(&mut self, gets: &[Key], scans: &[Scan]) -> StoreResult<ReadResult> {
-        if self.mode.load(Ordering::Relaxed) == READS_FAIL {
+        if matches!(self.mode.load(Ordering::Relaxed), READS_FAIL | OUTAGE) {
             return Err(failure(&self.turn));
         }
         self.inner.read(gets, scans).await
@@ -59,7 +63,7 @@ impl Snapshot for FailingSnapshot {
         after: Option<&[u8]>,
         limit: usize,
     ) -> StoreResult<Vec<FeedEntry>> {
-        if self.mode.load(Ordering::Relaxed) == READS_FAIL {
+        if matches!(self.mode.load(Ordering::Relaxed), READS_FAIL | OUTAGE) {
             return Err(failure(&self.turn));
         }
         self.inner.read_feed(feed, after, limit).await
@@ -84,7 +88,7 @@ impl Snapshot for FailingSnapshot {
 #[async_trait::async_trait]
 impl Store for Failing {
     async fn snapshot(&self) -> StoreResult<Box<dyn Snapshot>> {
-        if self.mode.load(Ordering::Relaxed) == SNAPSHOTS_FAIL {
+        if matches!(self.mode.load(Ordering::Relaxed), SNAPSHOTS_FAIL | OUTAGE) {
             return Err(failure(&self.turn));
         }
         Ok(Box::new(FailingSnapshot {
@@ -95,10 +99,17 @@ impl Store for Failing {
     }
 
     async fn write(&self, batch: Batch) -> StoreResult<()> {
-        if self.mode.load(Ordering::Relaxed) == WRITES_FAIL {
+        if matches!(self.mode.load(Ordering::Relaxed), WRITES_FAIL | OUTAGE) {
             return Err(failure(&self.turn));
         }
-        self.inner.write(batch).await
+        self.inner.write(batch).await?;
+        let _ = self.mode.compare_exchange(
+            OUTAGE_AFTER_WRITE,
+            OUTAGE,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        Ok(())
     }
 
     fn consistency(&self) -> Consistency {
@@ -199,4 +210,57 @@ async fn every_store_failure_is_unavailable() {
     }
     mode.store(OK, Ordering::Relaxed);
     e.me(&session).await.expect("everything works again");
+}
+
+/// An outage that starts as an index is declared leaves it building only
+/// while it lasts: the build is tried again until the store serves (it
+/// used to give up after its retries, and the index answered
+/// `index-building` until a node restarted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_built_through_an_outage_becomes_ready() {
+    let mode = Arc::new(AtomicU8::new(OK));
+    let store = Arc::new(Failing {
+        inner: tarn_store::memory::MemoryStore::new(),
+        mode: mode.clone(),
+        turn: Arc::new(AtomicU8::new(0)),
+    });
+    let e: Engine = common::engine(store);
+    let alice = sign_up(&e, "alice").await;
+    for n in 0..20 {
+        e.create_item(&alice, "doc", props(json!({"n": n})), vec![])
+            .await
+            .unwrap();
+    }
+    mode.store(OUTAGE_AFTER_WRITE, Ordering::Relaxed);
+    let by_n = vec![tarn_engine::SortField {
+        field: "n".into(),
+        order: tarn_engine::Order::Asc,
+    }];
+    e.declare_index(&common::admin(), "doc-by-n", "doc", vec![], by_n)
+        .await
+        .unwrap();
+    assert_eq!(mode.load(Ordering::Relaxed), OUTAGE, "the outage began");
+    // Past the build's own retries (a couple of seconds).
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    mode.store(OK, Ordering::Relaxed);
+    assert_eq!(
+        e.get_index(&common::admin(), "doc-by-n")
+            .await
+            .unwrap()
+            .state,
+        tarn_engine::IndexState::Building,
+        "the outage held the build back"
+    );
+    for _ in 0..600 {
+        if e.get_index(&common::admin(), "doc-by-n")
+            .await
+            .unwrap()
+            .state
+            == tarn_engine::IndexState::Ready
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the index never became ready after the outage");
 }
