@@ -26,10 +26,14 @@ pub const PRINCIPAL: &str =
 pub const MAX_GRANTS: usize = 256;
 /// `user:<name>` or `group:<id>`: who may be a member or manager of a group.
 pub const MEMBER: &str = "^(user:[a-z0-9][a-z0-9._-]{0,63}|group:[a-z0-9][a-z0-9._-]{0,63})$";
-/// Cursors: unpadded base64url of at most 200 bytes, as the server makes
-/// them (the last character carries no stray bits).
+/// Cursors: unpadded base64url, as the server makes them (the last
+/// character carries no stray bits), of at most [`CURSOR_CHARS`].
 pub const CURSOR: &str =
     "^([A-Za-z0-9_-]{4})*([A-Za-z0-9_-][AQgw]|[A-Za-z0-9_-]{2}[AEIMQUYcgkosw048])?$";
+/// The longest cursor: a listing's, whose place is a clustering key (at
+/// most `tarn_store::MAX_KEY_LEN` bytes) after 18 bytes of version,
+/// direction and listing, sealed with 4 more: 4,118 bytes in base64url.
+pub const CURSOR_CHARS: usize = (18 + tarn_store::MAX_KEY_LEN + 4) * 4 / 3 + 1;
 /// Index names as read: declared names, or a built-in's (`_kind`, ...).
 pub const INDEX_NAME: &str = "^(_[a-z_]{1,63}|[a-z0-9][a-z0-9._-]{0,63})$";
 /// A field an index names: `createdAt`, `modifiedAt`, `createdBy` or a dot
@@ -137,9 +141,11 @@ pub struct Cursor;
 
 impl PartialSchema for Cursor {
     fn schema() -> RefOr<Schema> {
-        let RefOr::T(Schema::Object(mut cursor)) =
-            string_schema(CURSOR, Some(267), "Opaque: the `next` of the previous page")
-        else {
+        let RefOr::T(Schema::Object(mut cursor)) = string_schema(
+            CURSOR,
+            Some(CURSOR_CHARS),
+            "Opaque: the `next` of the previous page",
+        ) else {
             unreachable!("an object schema")
         };
         cursor.min_length = Some(1);

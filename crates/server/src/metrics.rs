@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tarn_store::{
-    Batch, Consistency, FeedEntry, Key, ReadResult, Scan, Snapshot, Store, StoreResult, Table,
+    Batch, Consistency, FeedEntry, Key, ReadResult, Scan, Snapshot, Store, StoreError, StoreResult,
+    Table,
 };
 
 /// Upper bounds of latency buckets, in seconds.
@@ -68,6 +69,7 @@ const STORE_OPS: [&str; 3] = ["snapshot", "read", "write"];
 pub struct Metrics {
     routes: Vec<RouteSeries>,
     in_flight: Arc<AtomicI64>,
+    connections: AtomicI64,
     store: [Histogram; STORE_OPS.len()],
     store_errors: [AtomicU64; STORE_OPS.len()],
 }
@@ -89,6 +91,7 @@ impl Metrics {
         Metrics {
             routes: series,
             in_flight: Arc::new(AtomicI64::new(0)),
+            connections: AtomicI64::new(0),
             store: Default::default(),
             store_errors: Default::default(),
         }
@@ -167,6 +170,13 @@ impl Metrics {
             "tarn_http_requests_in_flight {}",
             self.in_flight.load(Ordering::Relaxed)
         );
+        out.push_str("# HELP tarn_http_open_connections Client connections open.\n");
+        out.push_str("# TYPE tarn_http_open_connections gauge\n");
+        let _ = writeln!(
+            out,
+            "tarn_http_open_connections {}",
+            self.connections.load(Ordering::Relaxed)
+        );
         out.push_str("# HELP tarn_store_operation_duration_seconds Store calls by operation.\n");
         out.push_str("# TYPE tarn_store_operation_duration_seconds histogram\n");
         for (op, h) in STORE_OPS.iter().zip(&self.store) {
@@ -216,7 +226,11 @@ impl Metrics {
 
     fn store_call<T>(&self, op: usize, start: Instant, r: &StoreResult<T>) {
         self.store[op].observe(start.elapsed());
-        if r.is_err() {
+        // A guard that does not hold is the store's answer (a name taken,
+        // a version moved on), not its failure.
+        if r.as_ref()
+            .is_err_and(|e| !matches!(e, StoreError::GuardFailed { .. }))
+        {
             self.store_errors[op].fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -318,5 +332,89 @@ impl Snapshot for MeteredSnapshot {
         let r = self.inner.feed_end(feed).await;
         self.metrics.store_call(1, t, &r);
         r
+    }
+}
+
+/// Counts the connections a server's make-service serves: each one's
+/// service holds a share of a guard that counts it open until the last
+/// share (the connection's own, and those of its requests in flight) is
+/// dropped.
+#[derive(Clone)]
+pub struct CountConnections<M> {
+    inner: M,
+    metrics: Arc<Metrics>,
+}
+
+/// Wraps a make-service (`Router::into_make_service_with_connect_info`)
+/// so that `tarn_http_open_connections` counts the connections it serves.
+pub fn count_connections<M>(inner: M, metrics: Arc<Metrics>) -> CountConnections<M> {
+    CountConnections { inner, metrics }
+}
+
+/// One connection, counted open while it lives.
+struct Open(Arc<Metrics>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection's service, with its share of the connection's guard.
+#[derive(Clone)]
+pub struct Counted<S> {
+    inner: S,
+    _open: Arc<Open>,
+}
+
+impl<T, M> tower_service::Service<T> for CountConnections<M>
+where
+    M: tower_service::Service<T>,
+    M::Future: Send + 'static,
+    M::Response: Send + 'static,
+    M::Error: Send + 'static,
+{
+    type Response = Counted<M::Response>;
+    type Error = M::Error;
+    type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, M::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), M::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, target: T) -> Self::Future {
+        let made = self.inner.call(target);
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let inner = made.await?;
+            metrics.connections.fetch_add(1, Ordering::Relaxed);
+            Ok(Counted {
+                inner,
+                _open: Arc::new(Open(metrics)),
+            })
+        })
+    }
+}
+
+impl<R, S> tower_service::Service<R> for Counted<S>
+where
+    S: tower_service::Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> S::Future {
+        self.inner.call(req)
     }
 }

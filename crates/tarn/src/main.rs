@@ -466,6 +466,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let streams = state.clone();
+    let metrics = state.metrics.clone();
     let app = tarn_server::app(state);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -481,7 +482,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut server = tokio::spawn(
         axum::serve(
             listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
+            tarn_server::metrics::count_connections(
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+                metrics,
+            ),
         )
         .with_graceful_shutdown(async move { stopping.notified().await })
         .into_future(),

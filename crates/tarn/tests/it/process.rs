@@ -212,6 +212,45 @@ fn a_stop_ends_event_streams() {
     assert!(status.success(), "exit status {status:?}");
 }
 
+/// `/metrics` counts open connections (api.md), idle ones too, and each
+/// leaves the count when it closes.
+#[test]
+fn metrics_count_open_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = start(dir.path());
+    let a = s.addr;
+    let open = || -> i64 {
+        let r = call(a, "GET", "/metrics", None, None);
+        let text = String::from_utf8_lossy(&r.body).to_string();
+        text.lines()
+            .find_map(|l| l.strip_prefix("tarn_http_open_connections "))
+            .expect("the gauge")
+            .parse()
+            .unwrap()
+    };
+    // Until the server has seen what the client did (bounded tries).
+    let settle = |want: i64| {
+        let mut seen = open();
+        for _ in 0..200 {
+            if seen == want {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            seen = open();
+        }
+        seen
+    };
+    // The scrape's own connection.
+    let base = settle(1);
+    assert_eq!(base, 1);
+    let idle: Vec<_> = (0..3).map(|_| connect(a)).collect();
+    assert_eq!(settle(base + 3), base + 3);
+    drop(idle);
+    assert_eq!(settle(base), base);
+    terminate(&s.child);
+    assert!(wait_exit(&mut s.child).success());
+}
+
 #[test]
 fn admin_commands_work_on_a_stopped_directory() {
     let dir = tempfile::tempdir().unwrap();
