@@ -46,7 +46,7 @@
 //! so an item nobody shared costs it nothing.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -672,26 +672,117 @@ impl Engine {
             })
             .await?;
         if let Some(aside) = aside {
-            self.spawn_drop(aside);
+            self.spawn_work(aside, Work::Drop);
         }
         if created {
-            self.spawn_build(def.name.clone());
+            self.spawn_work(def.name.clone(), Work::Build);
         }
         Ok((def, created))
     }
 
-    fn spawn_build(&self, name: String) {
+    /// Starts `work` on index `name` in the background, unless this node
+    /// already works on it. While it runs, it beats: it rewrites the
+    /// index's beat row every [`EngineConfig::index_beat`](crate::EngineConfig),
+    /// so other nodes can tell it from work a stopped node left.
+    fn spawn_work(&self, name: String, work: Work) {
+        let Some(mine) = Working::claim(self, &name) else {
+            return;
+        };
         let engine = self.clone();
         tokio::spawn(async move {
-            keep_trying(&name, || engine.build_index(&name)).await;
+            let run = keep_trying(&name, || async {
+                match work {
+                    Work::Build => engine.build_index(&name).await,
+                    Work::Drop => engine.remove_index_rows(&name).await,
+                }
+            });
+            select(std::pin::pin!(run), std::pin::pin!(engine.beat(&name))).await;
+            let mut b = Batch::new();
+            b.delete(schema::beat_key(&name));
+            if let Err(e) = engine.store().write(b).await {
+                // Harmless: a beat row is read only while its index is
+                // building or dropping.
+                tracing::debug!(index = %name, error = %e, "a beat row stays");
+            }
+            drop(mine);
         });
     }
 
-    fn spawn_drop(&self, name: String) {
+    /// Rewrites index `name`'s beat row, with a value never written before,
+    /// every beat, until dropped.
+    async fn beat(&self, name: &str) {
+        let key = schema::beat_key(name);
+        let nonce = random_bytes::<8>();
+        for n in 1u64.. {
+            let mut value = nonce.to_vec();
+            value.extend_from_slice(&n.to_be_bytes());
+            let mut b = Batch::new();
+            b.put(key.clone(), value, n);
+            if let Err(e) = self.store().write(b).await {
+                // The work itself meets the same store, and says so.
+                tracing::debug!(index = name, error = %e, "a beat was missed");
+            }
+            tokio::time::sleep(self.config().index_beat).await;
+        }
+    }
+
+    /// Starts this node's watch over background index work: every beat, it
+    /// reads the beat row of each index building or dropping; work whose
+    /// row has not changed for [`STALE_BEATS`] beats (its node stopped, or
+    /// lost the store) is taken up here. Several nodes may take it up at
+    /// once: building and dropping are idempotent.
+    pub(crate) fn watch_index_work(&self) {
         let engine = self.clone();
         tokio::spawn(async move {
-            keep_trying(&name, || engine.remove_index_rows(&name)).await;
+            let mut seen = HashMap::new();
+            loop {
+                tokio::time::sleep(engine.config().index_beat).await;
+                if let Err(e) = engine.look_at_index_work(&mut seen).await {
+                    tracing::warn!(error = %e, "the watch over index work will look again");
+                }
+            }
         });
+    }
+
+    /// One look of [`Engine::watch_index_work`]; `seen` holds, per index
+    /// at work, the beat last read and when it was first read.
+    async fn look_at_index_work(
+        &self,
+        seen: &mut HashMap<String, (Option<Vec<u8>>, std::time::Instant)>,
+    ) -> Result<()> {
+        let mut snap = self.snapshot().await?;
+        let version = snap.get(&schema::defs_version_key()).await?;
+        let defs = self.defs_at(&mut snap, &version).await?;
+        let open: Vec<(String, Work)> = defs
+            .defs
+            .iter()
+            .filter_map(|d| match d.state {
+                IndexState::Building => Some((d.name.clone(), Work::Build)),
+                IndexState::Dropping => Some((d.name.clone(), Work::Drop)),
+                IndexState::Ready => None,
+            })
+            .collect();
+        seen.retain(|name, _| open.iter().any(|(n, _)| n == name));
+        if open.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<Key> = open.iter().map(|(n, _)| schema::beat_key(n)).collect();
+        let beats = snap.get_many(&keys).await?;
+        drop(snap);
+        let stale = self.config().index_beat * STALE_BEATS;
+        let now = std::time::Instant::now();
+        for ((name, work), beat) in open.into_iter().zip(beats) {
+            let beat = beat.map(|r| r.value);
+            let (last, since) = seen.entry(name.clone()).or_insert((beat.clone(), now));
+            if *last != beat {
+                (*last, *since) = (beat, now);
+            } else if now.duration_since(*since) >= stale && !Working::is_on(self, &name) {
+                tracing::warn!(index = %name, "index work stopped beating; taken up here");
+                *since = now;
+                self.spawn_work(name, work);
+            }
+        }
+        Ok(())
     }
 
     /// The declarations as an administrator sees them before changing
@@ -754,7 +845,7 @@ impl Engine {
                 Ok(aside)
             })
             .await?;
-        self.spawn_drop(dropping);
+        self.spawn_work(dropping, Work::Drop);
         Ok(())
     }
 
@@ -764,8 +855,8 @@ impl Engine {
         let defs = self.retrying(|| self.read_defs()).await?;
         for def in defs.defs.iter() {
             match def.state {
-                IndexState::Building => self.spawn_build(def.name.clone()),
-                IndexState::Dropping => self.spawn_drop(def.name.clone()),
+                IndexState::Building => self.spawn_work(def.name.clone(), Work::Build),
+                IndexState::Dropping => self.spawn_work(def.name.clone(), Work::Drop),
                 IndexState::Ready => {}
             }
         }
@@ -992,6 +1083,59 @@ where
             Either::Right((Some(done), _)) => done?,
             Either::Right((None, _)) => {}
         }
+    }
+}
+
+/// Background work on one index.
+#[derive(Clone, Copy)]
+enum Work {
+    Build,
+    Drop,
+}
+
+/// Beats without a change after which a node takes up another's index
+/// work.
+const STALE_BEATS: u32 = 6;
+
+/// This node's claim on work on one index, given up when dropped (also
+/// when the work panics).
+struct Working {
+    engine: Engine,
+    name: String,
+}
+
+impl Working {
+    fn claim(engine: &Engine, name: &str) -> Option<Working> {
+        let fresh = engine
+            .inner
+            .index_work
+            .lock()
+            .expect("never poisoned")
+            .insert(name.to_string());
+        fresh.then(|| Working {
+            engine: engine.clone(),
+            name: name.to_string(),
+        })
+    }
+
+    fn is_on(engine: &Engine, name: &str) -> bool {
+        engine
+            .inner
+            .index_work
+            .lock()
+            .expect("never poisoned")
+            .contains(name)
+    }
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        self.engine
+            .inner
+            .index_work
+            .lock()
+            .expect("never poisoned")
+            .remove(&self.name);
     }
 }
 

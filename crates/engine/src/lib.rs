@@ -147,6 +147,11 @@ pub struct EngineConfig {
     pub sweep_every: Duration,
     /// How long changes are kept for `/changes` and `/events`.
     pub feed_retention: Duration,
+    /// How often a node building or dropping an index says it still is
+    /// (a row of the index's own). Every node looks at that row as often;
+    /// one that has not changed for six of these is taken to be a stopped
+    /// node's, and its work is taken up.
+    pub index_beat: Duration,
     /// Event streams open at once on one node.
     pub max_streams: usize,
     /// Event streams one user may hold open at once on one node.
@@ -173,6 +178,7 @@ impl Default for EngineConfig {
             body_grace: Duration::from_secs(6 * 3600),
             sweep_every: Duration::from_secs(60),
             feed_retention: Duration::from_secs(7 * 24 * 3600),
+            index_beat: Duration::from_secs(5),
             max_streams: 10_000,
             max_streams_per_user: 16,
             clock: Clock::System,
@@ -211,6 +217,9 @@ struct Inner {
     upload_rest: AtomicU64,
     /// The store's cursor key, read once (it never changes).
     cursor_key: tokio::sync::OnceCell<Vec<u8>>,
+    /// The indexes this node is building or dropping in the background
+    /// (read and written by that work alone, never by requests).
+    index_work: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Engine {
@@ -234,6 +243,7 @@ impl Engine {
                 uploads_open: AtomicI64::new(0),
                 upload_rest: AtomicU64::new(0),
                 cursor_key: tokio::sync::OnceCell::new(),
+                index_work: std::sync::Mutex::default(),
             }),
         }
     }
@@ -341,10 +351,12 @@ impl Engine {
     }
 
     /// Checks the store's layout (written by the first start) against this
-    /// engine's, then resumes index builds and drops a stopped node left.
+    /// engine's, then resumes index builds and drops a stopped node left,
+    /// and watches for those another node stops while this one runs.
     pub async fn start(&self) -> Result<()> {
         self.check_layout().await?;
         self.resume_index_work().await?;
+        self.watch_index_work();
         self.resume_sweeps();
         self.resume_trims();
         Ok(())

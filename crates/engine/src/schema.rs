@@ -127,6 +127,12 @@ pub(crate) fn def_key(name: &str) -> Key {
     Key::new(INDEX_DEFS, DEFS_PARTITION.to_vec(), name.as_bytes())
 }
 
+/// The row a node building or dropping index `name` rewrites while it
+/// works (its own partition: no one reads it but the nodes' watchers).
+pub(crate) fn beat_key(name: &str) -> Key {
+    Key::new(INDEX_DEFS, b"beats".to_vec(), name.as_bytes())
+}
+
 /// A session as stored under the hash of its token.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(crate) struct SessionRow {

@@ -33,6 +33,17 @@ struct Failing {
     turn: Arc<AtomicU8>,
 }
 
+/// An engine over `inner` that fails as its mode says (at first, never).
+fn failing(inner: tarn_store::memory::MemoryStore) -> (Engine, Arc<AtomicU8>) {
+    let mode = Arc::new(AtomicU8::new(OK));
+    let store = Failing {
+        inner,
+        mode: mode.clone(),
+        turn: Arc::new(AtomicU8::new(0)),
+    };
+    (common::engine(Arc::new(store)), mode)
+}
+
 fn failure(turn: &AtomicU8) -> StoreError {
     match turn.fetch_add(1, Ordering::Relaxed) % 4 {
         0 => StoreError::Other("disk on fire".into()),
@@ -137,13 +148,7 @@ fn unavailable<T: std::fmt::Debug>(what: &str, mode: u8, r: Result<T, EngineErro
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_store_failure_is_unavailable() {
-    let mode = Arc::new(AtomicU8::new(OK));
-    let store = Arc::new(Failing {
-        inner: tarn_store::memory::MemoryStore::new(),
-        mode: mode.clone(),
-        turn: Arc::new(AtomicU8::new(0)),
-    });
-    let e: Engine = common::engine(store);
+    let (e, mode) = failing(tarn_store::memory::MemoryStore::new());
     let alice = sign_up(&e, "alice").await;
     let (token, _) = e.sign_in("alice", "alice-password").await.unwrap();
     let session = Caller::Token(token);
@@ -218,13 +223,7 @@ async fn every_store_failure_is_unavailable() {
 /// `index-building` until a node restarted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_built_through_an_outage_becomes_ready() {
-    let mode = Arc::new(AtomicU8::new(OK));
-    let store = Arc::new(Failing {
-        inner: tarn_store::memory::MemoryStore::new(),
-        mode: mode.clone(),
-        turn: Arc::new(AtomicU8::new(0)),
-    });
-    let e: Engine = common::engine(store);
+    let (e, mode) = failing(tarn_store::memory::MemoryStore::new());
     let alice = sign_up(&e, "alice").await;
     for n in 0..20 {
         e.create_item(&alice, "doc", props(json!({"n": n})), vec![])
@@ -263,4 +262,68 @@ async fn an_index_built_through_an_outage_becomes_ready() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     panic!("the index never became ready after the outage");
+}
+
+/// A build whose node stopped working on it (here: lost the store for
+/// good) is taken up by another node that was already running, without a
+/// restart (it used to stay building until some node started).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_a_stopped_node_left_is_taken_up_by_a_running_one() {
+    let shared = tarn_store::memory::MemoryStore::new();
+    let (a, mode) = failing(shared.clone());
+    let b = Engine::new(
+        Arc::new(shared),
+        tarn_engine::EngineConfig {
+            index_beat: std::time::Duration::from_millis(100),
+            ..common::config()
+        },
+    );
+    b.start().await.unwrap();
+    let alice = sign_up(&a, "alice").await;
+    for n in 0..20 {
+        a.create_item(&alice, "doc", props(json!({"n": n})), vec![])
+            .await
+            .unwrap();
+    }
+    mode.store(OUTAGE_AFTER_WRITE, Ordering::Relaxed);
+    let by_n = vec![tarn_engine::SortField {
+        field: "n".into(),
+        order: tarn_engine::Order::Asc,
+    }];
+    a.declare_index(&common::admin(), "doc-by-n", "doc", vec![], by_n)
+        .await
+        .unwrap();
+    assert_eq!(
+        mode.load(Ordering::Relaxed),
+        OUTAGE,
+        "node a lost the store"
+    );
+    for _ in 0..300 {
+        let def = b.get_index(&common::admin(), "doc-by-n").await.unwrap();
+        if def.state == tarn_engine::IndexState::Ready {
+            let listed = b
+                .list_items(
+                    &alice,
+                    &ListQuery {
+                        kind: Some("doc".into()),
+                        sort: vec![tarn_engine::SortField {
+                            field: "n".into(),
+                            order: tarn_engine::Order::Asc,
+                        }],
+                        ..ListQuery::default()
+                    },
+                )
+                .await
+                .unwrap();
+            let ns: Vec<_> = listed
+                .items
+                .iter()
+                .map(|i| i.item.properties.map()["n"].clone())
+                .collect();
+            assert_eq!(ns, (0..20).map(|n| json!(n)).collect::<Vec<_>>());
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("no running node took up the build");
 }
