@@ -388,6 +388,28 @@ impl IndexDef {
         c
     }
 
+    /// Whether a declaration with these parts would make this index: the
+    /// order of where fields and of text fields tells nothing, and no
+    /// language is English.
+    fn same_as(
+        &self,
+        kind: &str,
+        where_: &[String],
+        sort: &[SortField],
+        text: &[TextField],
+        language: Option<&str>,
+    ) -> bool {
+        fn set<T: Ord>(items: impl Iterator<Item = T>) -> BTreeSet<T> {
+            items.collect()
+        }
+        let texts = |t: &[TextField]| set(t.iter().map(|t| (t.field.clone(), t.weight.to_bits())));
+        self.kind.as_deref() == Some(kind)
+            && set(self.where_.iter()) == set(where_.iter())
+            && self.sort == sort
+            && texts(&self.text) == texts(text)
+            && self.language.as_deref().unwrap_or("english") == language.unwrap_or("english")
+    }
+
     /// Whether this is a text index.
     pub fn is_text(&self) -> bool {
         !self.text.is_empty()
@@ -612,11 +634,7 @@ impl Engine {
                 let mut b = Batch::new();
                 let mut aside = None;
                 if let Some(old) = defs.get(name) {
-                    let same = old.kind.as_deref() == Some(kind)
-                        && old.where_ == where_
-                        && old.sort == sort
-                        && old.text == text
-                        && old.language == language;
+                    let same = old.same_as(kind, &where_, &sort, &text, language.as_deref());
                     if old.state == IndexState::Dropping {
                         // Left dropping under its name by an older server.
                         aside = Some(move_aside(old, &mut b));

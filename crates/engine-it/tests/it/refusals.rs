@@ -451,6 +451,67 @@ async fn index_declarations_are_for_admins_and_checked() {
         .declare_index(&admin(), "x", "doc", vec![], sort("b"))
         .await;
     assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
+    // Where fields, and text fields, in another order declare the same
+    // index, and so does the default language named.
+    let pq = |p: &str, q: &str| vec![p.to_string(), q.to_string()];
+    let (_, created) = e
+        .declare_index(&admin(), "y", "doc", pq("p", "q"), sort("a"))
+        .await
+        .unwrap();
+    assert!(created);
+    let (def, created) = e
+        .declare_index(&admin(), "y", "doc", pq("q", "p"), sort("a"))
+        .await
+        .unwrap();
+    assert!(!created);
+    assert_eq!(def.where_, pq("p", "q"), "the index as declared first");
+    let r = e
+        .declare_index(&admin(), "y", "doc", pq("q", "r"), sort("a"))
+        .await;
+    assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
+    let text = |fields: &[(&str, f64)]| {
+        fields
+            .iter()
+            .map(|(f, w)| tarn_engine::TextField {
+                field: f.to_string(),
+                weight: *w,
+            })
+            .collect::<Vec<_>>()
+    };
+    let (_, created) = e
+        .declare_text_index(
+            &admin(),
+            "t",
+            "doc",
+            vec![],
+            text(&[("a", 2.0), ("b", 1.0)]),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(created);
+    let (_, created) = e
+        .declare_text_index(
+            &admin(),
+            "t",
+            "doc",
+            vec![],
+            text(&[("b", 1.0), ("a", 2.0)]),
+            Some("english".into()),
+        )
+        .await
+        .unwrap();
+    assert!(!created);
+    for (fields, language) in [
+        (text(&[("a", 2.0), ("b", 1.5)]), None),
+        (text(&[("a", 2.0)]), None),
+        (text(&[("a", 2.0), ("b", 1.0)]), Some("french".to_string())),
+    ] {
+        let r = e
+            .declare_text_index(&admin(), "t", "doc", vec![], fields, language)
+            .await;
+        assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
+    }
     let r = e.drop_index(&admin(), "_kind").await;
     assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
 }
