@@ -217,6 +217,31 @@ async fn every_store_failure_is_unavailable() {
     e.me(&session).await.expect("everything works again");
 }
 
+/// Sorted by property `n`, ascending.
+fn by_n() -> Vec<tarn_engine::SortField> {
+    vec![tarn_engine::SortField {
+        field: "n".into(),
+        order: tarn_engine::Order::Asc,
+    }]
+}
+
+/// Twenty documents by alice (answered), then index `doc-by-n` declared
+/// as an outage of `e`'s store begins, right after the declaration.
+async fn declare_as_an_outage_begins(e: &Engine, mode: &AtomicU8) -> Caller {
+    let alice = sign_up(e, "alice").await;
+    for n in 0..20 {
+        e.create_item(&alice, "doc", props(json!({"n": n})), vec![])
+            .await
+            .unwrap();
+    }
+    mode.store(OUTAGE_AFTER_WRITE, Ordering::Relaxed);
+    e.declare_index(&common::admin(), "doc-by-n", "doc", vec![], by_n())
+        .await
+        .unwrap();
+    assert_eq!(mode.load(Ordering::Relaxed), OUTAGE, "the outage began");
+    alice
+}
+
 /// An outage that starts as an index is declared leaves it building only
 /// while it lasts: the build is tried again until the store serves (it
 /// used to give up after its retries, and the index answered
@@ -224,21 +249,7 @@ async fn every_store_failure_is_unavailable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_built_through_an_outage_becomes_ready() {
     let (e, mode) = failing(tarn_store::memory::MemoryStore::new());
-    let alice = sign_up(&e, "alice").await;
-    for n in 0..20 {
-        e.create_item(&alice, "doc", props(json!({"n": n})), vec![])
-            .await
-            .unwrap();
-    }
-    mode.store(OUTAGE_AFTER_WRITE, Ordering::Relaxed);
-    let by_n = vec![tarn_engine::SortField {
-        field: "n".into(),
-        order: tarn_engine::Order::Asc,
-    }];
-    e.declare_index(&common::admin(), "doc-by-n", "doc", vec![], by_n)
-        .await
-        .unwrap();
-    assert_eq!(mode.load(Ordering::Relaxed), OUTAGE, "the outage began");
+    declare_as_an_outage_begins(&e, &mode).await;
     // Past the build's own retries (a couple of seconds).
     tokio::time::sleep(std::time::Duration::from_secs(4)).await;
     mode.store(OK, Ordering::Relaxed);
@@ -279,25 +290,7 @@ async fn a_build_a_stopped_node_left_is_taken_up_by_a_running_one() {
         },
     );
     b.start().await.unwrap();
-    let alice = sign_up(&a, "alice").await;
-    for n in 0..20 {
-        a.create_item(&alice, "doc", props(json!({"n": n})), vec![])
-            .await
-            .unwrap();
-    }
-    mode.store(OUTAGE_AFTER_WRITE, Ordering::Relaxed);
-    let by_n = vec![tarn_engine::SortField {
-        field: "n".into(),
-        order: tarn_engine::Order::Asc,
-    }];
-    a.declare_index(&common::admin(), "doc-by-n", "doc", vec![], by_n)
-        .await
-        .unwrap();
-    assert_eq!(
-        mode.load(Ordering::Relaxed),
-        OUTAGE,
-        "node a lost the store"
-    );
+    let alice = declare_as_an_outage_begins(&a, &mode).await;
     for _ in 0..300 {
         let def = b.get_index(&common::admin(), "doc-by-n").await.unwrap();
         if def.state == tarn_engine::IndexState::Ready {
@@ -306,10 +299,7 @@ async fn a_build_a_stopped_node_left_is_taken_up_by_a_running_one() {
                     &alice,
                     &ListQuery {
                         kind: Some("doc".into()),
-                        sort: vec![tarn_engine::SortField {
-                            field: "n".into(),
-                            order: tarn_engine::Order::Asc,
-                        }],
+                        sort: by_n(),
                         ..ListQuery::default()
                     },
                 )

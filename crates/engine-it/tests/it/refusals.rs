@@ -469,47 +469,29 @@ async fn index_declarations_are_for_admins_and_checked() {
         .declare_index(&admin(), "y", "doc", pq("q", "r"), sort("a"))
         .await;
     assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
-    let text = |fields: &[(&str, f64)]| {
-        fields
+    let root = admin();
+    let declare_text = |fields: &[(&str, f64)], language: Option<&str>| {
+        let text = fields
             .iter()
             .map(|(f, w)| tarn_engine::TextField {
                 field: f.to_string(),
                 weight: *w,
             })
-            .collect::<Vec<_>>()
+            .collect();
+        e.declare_text_index(&root, "t", "doc", vec![], text, language.map(String::from))
     };
-    let (_, created) = e
-        .declare_text_index(
-            &admin(),
-            "t",
-            "doc",
-            vec![],
-            text(&[("a", 2.0), ("b", 1.0)]),
-            None,
-        )
-        .await
-        .unwrap();
+    let (_, created) = declare_text(&[("a", 2.0), ("b", 1.0)], None).await.unwrap();
     assert!(created);
-    let (_, created) = e
-        .declare_text_index(
-            &admin(),
-            "t",
-            "doc",
-            vec![],
-            text(&[("b", 1.0), ("a", 2.0)]),
-            Some("english".into()),
-        )
+    let (_, created) = declare_text(&[("b", 1.0), ("a", 2.0)], Some("english"))
         .await
         .unwrap();
     assert!(!created);
     for (fields, language) in [
-        (text(&[("a", 2.0), ("b", 1.5)]), None),
-        (text(&[("a", 2.0)]), None),
-        (text(&[("a", 2.0), ("b", 1.0)]), Some("french".to_string())),
+        (&[("a", 2.0), ("b", 1.5)][..], None),
+        (&[("a", 2.0)][..], None),
+        (&[("a", 2.0), ("b", 1.0)][..], Some("french")),
     ] {
-        let r = e
-            .declare_text_index(&admin(), "t", "doc", vec![], fields, language)
-            .await;
+        let r = declare_text(fields, language).await;
         assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
     }
     let r = e.drop_index(&admin(), "_kind").await;
