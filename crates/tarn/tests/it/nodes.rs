@@ -454,6 +454,147 @@ fn changes_reach_every_node(url: &str) {
     assert_eq!(live.len(), 2 * made.len());
 }
 
+#[test]
+fn search_follows_every_write_across_two_nodes() {
+    search_across(&fresh_url());
+}
+
+#[test]
+fn search_follows_every_write_across_two_cassandra_nodes() {
+    search_across(&fresh_cassandra_url());
+}
+
+/// A text index declared on one node serves searches on the other once
+/// ready; a create, an edit, a share through a group, a leave and a delete
+/// made on either node show in the very next search on the other.
+fn search_across(url: &str) {
+    let a = start(url);
+    let b = start(url);
+    let token = |addr, u: &str, password: &str| {
+        call(
+            addr,
+            "POST",
+            "/api/v1/sessions",
+            None,
+            Some(json!({"username": u, "password": password})),
+        )
+        .json()["token"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    for u in ["ann", "bob"] {
+        let body = json!({"username": u, "password": format!("{u}-password")});
+        assert_eq!(
+            call(a.addr, "POST", "/api/v1/users", None, Some(body)).status,
+            201
+        );
+    }
+    let admin = token(a.addr, "admin", "admin-password");
+    let ann = token(a.addr, "ann", "ann-password");
+    let bob = token(b.addr, "bob", "bob-password");
+    let declared = call(
+        a.addr,
+        "PUT",
+        "/api/v1/indexes/doc-text",
+        Some(&admin),
+        Some(json!({"kind": "doc", "text": [{"field": "title", "weight": 2}, {"field": "body"}]})),
+    );
+    assert_eq!(declared.status, 201);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while call(
+        b.addr,
+        "GET",
+        "/api/v1/indexes/doc-text",
+        Some(&admin),
+        None,
+    )
+    .json()["state"]
+        != "ready"
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the index never became ready on B"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let found = |addr, token: &str, q: &str| -> Vec<String> {
+        let r = call(
+            addr,
+            "GET",
+            &format!("/api/v1/search?{q}"),
+            Some(token),
+            None,
+        );
+        assert_eq!(r.status, 200, "{q}");
+        r.json()["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let created = call(
+        a.addr,
+        "POST",
+        "/api/v1/items",
+        Some(&ann),
+        Some(json!({"kind": "doc",
+            "properties": {"title": "Brewing coffee", "body": "the café on the corner"},
+            "acl": [{"principal": "user:bob", "role": "viewer"}]})),
+    );
+    assert_eq!(created.status, 201);
+    let id = created.json()["id"].as_str().unwrap().to_string();
+    let item = format!("/api/v1/items/{id}");
+    assert_eq!(found(b.addr, &bob, "q=brew&kind=doc"), vec![id.clone()]);
+    assert_eq!(found(b.addr, &bob, "q=CAFE"), vec![id.clone()], "kindless");
+
+    // An edit on B, searched on A.
+    let edited = call(
+        b.addr,
+        "PATCH",
+        &item,
+        Some(&ann),
+        Some(json!({"properties": {"title": "Steeping tea"}})),
+    );
+    assert_eq!(edited.status, 200);
+    assert!(found(a.addr, &bob, "q=brewing&kind=doc").is_empty());
+    assert_eq!(found(a.addr, &bob, "q=tea&kind=doc"), vec![id.clone()]);
+
+    // Shared through a group instead: joining on A, leaving on B.
+    assert_eq!(
+        call(
+            a.addr,
+            "POST",
+            "/api/v1/groups",
+            Some(&ann),
+            Some(json!({"id": "team"}))
+        )
+        .status,
+        201
+    );
+    let acl = json!({"acl": [{"principal": "user:ann", "role": "manager"},
+        {"principal": "group:team", "role": "viewer"}]});
+    assert_eq!(
+        call(b.addr, "PUT", &format!("{item}/acl"), Some(&ann), Some(acl)).status,
+        200
+    );
+    assert!(
+        found(a.addr, &bob, "q=tea&kind=doc").is_empty(),
+        "bob is not in the team yet"
+    );
+    let member = "/api/v1/groups/team/members/user:bob";
+    assert_eq!(call(a.addr, "PUT", member, Some(&ann), None).status, 204);
+    assert_eq!(found(b.addr, &bob, "q=tea&kind=doc"), vec![id.clone()]);
+    assert_eq!(call(b.addr, "DELETE", member, Some(&ann), None).status, 204);
+    assert!(found(a.addr, &bob, "q=tea&kind=doc").is_empty());
+
+    // A delete on A, searched on B.
+    assert_eq!(found(b.addr, &ann, "q=corner&kind=doc"), vec![id.clone()]);
+    assert_eq!(call(a.addr, "DELETE", &item, Some(&ann), None).status, 204);
+    assert!(found(b.addr, &ann, "q=corner&kind=doc").is_empty());
+}
+
 /// A custard-like load through two nodes on the Cassandra cluster while one
 /// Cassandra node is killed and restarted: no request fails, and what was
 /// written while it was down is there once it is back.
