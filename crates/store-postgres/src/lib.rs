@@ -517,15 +517,16 @@ impl Snapshot for PgSnapshot {
         let (xid, seq) = feed_cursor(after)?;
         let limit = limit.min(tarn_store::MAX_READ_ROWS) as i64;
         let client = self.begun().await?;
-        // Only below the oldest transaction still running: one that took
-        // its id earlier but commits later can still add entries there.
+        // Only below the oldest transaction still running that may write
+        // here: one that took its id earlier but commits later can still
+        // add entries there.
         let stmt = client
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "SELECT xid::text::int8, seq, value FROM tarn_feed
                  WHERE tbl = $1 AND (xid, seq) > ($2::bigint::text::xid8, $3)
-                   AND xid < pg_snapshot_xmin(pg_current_snapshot())
-                 ORDER BY xid, seq LIMIT $4",
-            )
+                   AND xid < ({FEED_HORIZON})::text::xid8
+                 ORDER BY xid, seq LIMIT $4"
+            ))
             .await
             .map_err(map_err)?;
         let rows = client
@@ -612,10 +613,7 @@ impl Snapshot for PgSnapshot {
     async fn feed_end(&mut self, _feed: Table) -> StoreResult<Vec<u8>> {
         let client = self.begun().await?;
         let row = client
-            .query_one(
-                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8",
-                &[],
-            )
+            .query_one(&format!("SELECT {FEED_HORIZON}"), &[])
             .await
             .map_err(map_err)?;
         // Every entry readable now has a smaller transaction id; every later
@@ -623,6 +621,26 @@ impl Snapshot for PgSnapshot {
         Ok(cursor_bytes(row.get(0), 0))
     }
 }
+
+/// The feed's horizon in this snapshot, as an int8 transaction id: the
+/// oldest transaction still running that may write entries (every one of
+/// this database, and any whose database cannot be told), or, when none
+/// is, the first id not yet given. Every entry below it is committed or
+/// never will be, and every later entry is at or above it.
+///
+/// PostgreSQL's own horizon (`pg_snapshot_xmin`) counts every database of
+/// the server: a transaction left open in another one held back `/changes`
+/// and `/events` on every node for as long as it stayed open. Only ids
+/// known to belong to a session of another database are left out, so an
+/// id this cannot place still holds the feed back, as before. (Low 32 bits
+/// are compared: ids running at once are less than 2^31 apart.)
+const FEED_HORIZON: &str = "(SELECT coalesce(min(x::text::int8),
+            pg_snapshot_xmax(pg_current_snapshot())::text::int8)
+       FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+      WHERE x::text::int8 % 4294967296 NOT IN (
+            SELECT backend_xid::text::int8 FROM pg_stat_activity
+             WHERE backend_xid IS NOT NULL
+               AND datname IS DISTINCT FROM current_database()))";
 
 /// A feed cursor: the writing transaction's id and the entry's sequence
 /// number, 8 bytes each, big-endian (so bytes order as the pair does).

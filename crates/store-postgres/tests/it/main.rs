@@ -184,6 +184,72 @@ async fn a_feed_poller_never_skips_a_late_commit() {
     assert!(seen.contains(&vec![b'f', 4]));
 }
 
+/// A transaction left open in another database of the server holds back
+/// nothing: PostgreSQL's own horizon counts every database, and the feed
+/// (`/changes`, `/events`) used to wait for such a transaction to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_open_in_another_database_holds_the_feed_back_in_none() {
+    let url = fresh_url();
+    let store = PgStore::connect(&url).await.unwrap();
+    let feed = Table::new("elsewhere");
+    let start = store
+        .snapshot()
+        .await
+        .unwrap()
+        .feed_end(feed)
+        .await
+        .unwrap();
+    // The server's own database, `postgres`, with a transaction that has
+    // taken an id, left open.
+    let base = std::env::var("TARN_TEST_POSTGRES").unwrap();
+    let (path, _) = base.rsplit_once('/').unwrap();
+    let (other, connection) =
+        tokio_postgres::connect(&format!("{path}/postgres"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    other
+        .batch_execute("BEGIN; SELECT pg_current_xact_id()")
+        .await
+        .unwrap();
+    let mut b = Batch::new();
+    b.put(
+        Key::new(Table::new("elsewhere_rows"), b"p", b"c"),
+        vec![1],
+        1,
+    )
+    .append(feed, b"after".to_vec());
+    store.write(b).await.unwrap();
+    // Other tests' writes in this database may run meanwhile and hold the
+    // feed back a moment; the open transaction stays open throughout.
+    let mut seen = Vec::new();
+    for _ in 0..200 {
+        let page = store
+            .snapshot()
+            .await
+            .unwrap()
+            .read_feed(feed, Some(&start), 10)
+            .await
+            .unwrap();
+        seen.extend(page.into_iter().map(|e| e.value));
+        if !seen.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, vec![b"after".to_vec()], "the entry was held back");
+    // Its end moved past the entry as well.
+    let end = store
+        .snapshot()
+        .await
+        .unwrap()
+        .feed_end(feed)
+        .await
+        .unwrap();
+    assert!(end > start);
+    other.batch_execute("ROLLBACK").await.unwrap();
+}
+
 /// Writes guarded on a row they do not write share its lock: one held open
 /// does not stop another from committing. A write that changes the row
 /// waits for the holder, and a guard on the old version fails after it.
