@@ -32,14 +32,17 @@ lint: setup
 
 # Every test, with a throwaway PostgreSQL (scripts/with-postgres.sh) and a
 # throwaway 3-node Cassandra cluster (scripts/with-cassandra.sh); the HTTP
-# suite runs four times: on the in-memory store, SQLite, PostgreSQL and
-# Cassandra.
+# suite runs six times: on the in-memory store, SQLite and PostgreSQL with
+# one node, and on the in-memory store, PostgreSQL and Cassandra with two
+# nodes taking requests in turn (TARN_TEST_NODES=2).
 check-tests: setup
 	scripts/with-postgres.sh scripts/with-cassandra.sh sh -c '\
 	  $(CARGO) test --workspace --no-fail-fast && \
+	  TARN_TEST_NODES=2 $(CARGO) test -p tarn-server --test it && \
 	  TARN_TEST_STORE=sqlite $(CARGO) test -p tarn-server --test it && \
 	  TARN_TEST_STORE=postgres $(CARGO) test -p tarn-server --test it && \
-	  TARN_TEST_STORE=cassandra $(CARGO) test -p tarn-server --test it'
+	  TARN_TEST_STORE=postgres TARN_TEST_NODES=2 $(CARGO) test -p tarn-server --test it && \
+	  TARN_TEST_STORE=cassandra TARN_TEST_NODES=2 $(CARGO) test -p tarn-server --test it'
 
 # Fuzzes a running server against its own OpenAPI document (schemathesis
 # 4.32.5 in a virtualenv under ~/.cache/tarn; see scripts/schemathesis.toml).

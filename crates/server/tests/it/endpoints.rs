@@ -10,7 +10,7 @@ use crate::support::TestApp;
 
 #[tokio::test]
 async fn health_and_metrics() {
-    let app = TestApp::new().await;
+    let app = TestApp::one_node().await;
     let r = app.get("/api/v1/health", None).await.expect(200);
     assert_eq!(r.json(), json!({"status": "ok"}));
     assert!(r.header("x-request-id").is_some());
@@ -1050,11 +1050,7 @@ async fn index_building_answers_503() {
         crate::support::engine_config(),
         ServerConfig::default(),
     );
-    let app = TestApp {
-        router: tarn_server::app(state.clone()),
-        state,
-        _dir: None,
-    };
+    let app = TestApp::of(state);
     let admin = app.admin().await;
     app.call(
         Method::PUT,

@@ -16,6 +16,11 @@ use tower::ServiceExt;
 pub struct TestApp {
     pub router: Router,
     pub state: AppState,
+    /// With TARN_TEST_NODES=2, a second node on the same data: requests
+    /// sent through [`TestApp::raw`] alternate between the two, so every
+    /// test also checks that what one node did shows on the other.
+    pub other: Option<(Router, AppState)>,
+    turn: std::sync::atomic::AtomicUsize,
     /// The SQLite store's directory, kept for the test's lifetime.
     pub _dir: Option<tempfile::TempDir>,
 }
@@ -68,42 +73,64 @@ pub fn engine_config() -> EngineConfig {
     }
 }
 
-/// The store the suite runs on: memory, or SQLite, PostgreSQL or Cassandra
-/// with TARN_TEST_STORE=sqlite|postgres|cassandra (`make test` runs the
-/// suite every way), with the SQLite store's directory.
-pub async fn store() -> (Arc<dyn tarn_store::Store>, Option<tempfile::TempDir>) {
+/// The stores the suite runs on: memory, or SQLite, PostgreSQL or
+/// Cassandra with TARN_TEST_STORE=sqlite|postgres|cassandra (`make test`
+/// runs the suite every way): one, a second connection to the same data
+/// for a second node (not on SQLite, which one process opens at a time),
+/// and the SQLite store's directory.
+type Stores = (
+    Arc<dyn tarn_store::Store>,
+    Option<Arc<dyn tarn_store::Store>>,
+    Option<tempfile::TempDir>,
+);
+
+async fn stores() -> Stores {
+    let unique = || {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b).unwrap();
+        u64::from_le_bytes(b)
+    };
     match std::env::var("TARN_TEST_STORE").as_deref() {
         Ok("sqlite") => {
             let dir = tempfile::tempdir().unwrap();
             let store = tarn_store_sqlite::SqliteStore::open(dir.path()).unwrap();
-            (Arc::new(store), Some(dir))
+            (Arc::new(store), None, Some(dir))
         }
         Ok("postgres") => {
             let base = std::env::var("TARN_TEST_POSTGRES")
                 .expect("TARN_TEST_POSTGRES (see scripts/with-postgres.sh)");
-            let mut b = [0u8; 8];
-            getrandom::fill(&mut b).unwrap();
-            let url = format!("{base}?schema=s_{:016x}", u64::from_le_bytes(b));
-            let store = tarn_store_postgres::PgStore::connect(&url).await.unwrap();
-            (Arc::new(store), None)
+            let url = format!("{base}?schema=s_{:016x}", unique());
+            let connect = || tarn_store_postgres::PgStore::connect(&url);
+            let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
+            (Arc::new(a), Some(Arc::new(b)), None)
         }
         Ok("cassandra") => {
             let base = std::env::var("TARN_TEST_CASSANDRA")
                 .expect("TARN_TEST_CASSANDRA (see scripts/with-cassandra.sh)");
-            let mut b = [0u8; 8];
-            getrandom::fill(&mut b).unwrap();
             let (hosts, rest) = base.rsplit_once('/').expect("cassandra://hosts/keyspace");
             let query = rest
                 .split_once('?')
                 .map_or(String::new(), |(_, q)| format!("?{q}"));
-            let url = format!("{hosts}/s_{:016x}{query}", u64::from_le_bytes(b));
-            let store = tarn_store_cassandra::CassandraStore::connect(&url)
-                .await
-                .unwrap();
-            (Arc::new(store), None)
+            let url = format!("{hosts}/s_{:016x}{query}", unique());
+            let connect = || tarn_store_cassandra::CassandraStore::connect(&url);
+            let a = connect().await.unwrap();
+            let b = connect().await.unwrap();
+            (Arc::new(a), Some(Arc::new(b)), None)
         }
-        Ok("memory") | Err(_) => (Arc::new(tarn_store::memory::MemoryStore::new()), None),
-        Ok(other) => panic!("TARN_TEST_STORE={other}: use memory, sqlite or postgres"),
+        Ok("memory") | Err(_) => {
+            let store = tarn_store::memory::MemoryStore::new();
+            (Arc::new(store.clone()), Some(Arc::new(store)), None)
+        }
+        Ok(other) => panic!("TARN_TEST_STORE={other}: use memory, sqlite, postgres or cassandra"),
+    }
+}
+
+/// Whether requests alternate between two nodes (TARN_TEST_NODES=2).
+fn two_nodes() -> bool {
+    match std::env::var("TARN_TEST_NODES").as_deref() {
+        Ok("2") => true,
+        Ok("1") | Err(_) => false,
+        Ok(other) => panic!("TARN_TEST_NODES={other}: use 1 or 2"),
     }
 }
 
@@ -113,29 +140,72 @@ impl TestApp {
     }
 
     pub async fn with(config: ServerConfig) -> TestApp {
-        let (store, dir) = store().await;
-        let state = AppState::new(store, engine_config(), config);
-        TestApp {
-            router: tarn_server::app(state.clone()),
-            state,
-            _dir: dir,
-        }
+        TestApp::serving(config, None, two_nodes()).await
+    }
+
+    /// One node whatever TARN_TEST_NODES says, for what each node counts
+    /// for itself (metrics).
+    pub async fn one_node() -> TestApp {
+        TestApp::serving(ServerConfig::default(), None, false).await
     }
 
     /// A server whose web app is `files` instead of the one built into
     /// this binary (an empty slice: a binary built without the app).
     pub async fn with_web(files: &'static [tarn_server::web::WebFile]) -> TestApp {
-        let (store, dir) = store().await;
-        let state = AppState::new(store, engine_config(), ServerConfig::default());
+        TestApp::serving(ServerConfig::default(), Some(files), two_nodes()).await
+    }
+
+    /// One node of `state`.
+    pub fn of(state: AppState) -> TestApp {
         TestApp {
-            router: tarn_server::app_with_web(state.clone(), files),
+            router: tarn_server::app(state.clone()),
             state,
+            other: None,
+            turn: Default::default(),
+            _dir: None,
+        }
+    }
+
+    async fn serving(
+        config: ServerConfig,
+        files: Option<&'static [tarn_server::web::WebFile]>,
+        two: bool,
+    ) -> TestApp {
+        let (store, second, dir) = stores().await;
+        // One clock for both nodes, as if they kept time together.
+        let engine = engine_config();
+        let node = |store, config| {
+            let state = AppState::new(store, engine.clone(), config);
+            let router = match files {
+                Some(files) => tarn_server::app_with_web(state.clone(), files),
+                None => tarn_server::app(state.clone()),
+            };
+            (router, state)
+        };
+        let other = if two {
+            let second = second.expect("a second node: not on SQLite");
+            Some(node(second, config.clone()))
+        } else {
+            None
+        };
+        let (router, state) = node(store, config);
+        TestApp {
+            router,
+            state,
+            other,
+            turn: Default::default(),
             _dir: dir,
         }
     }
 
+    /// Sends a request to the next node in turn.
     pub async fn raw(&self, req: Request<Body>) -> Reply {
-        let res = self.router.clone().oneshot(req).await.unwrap();
+        let turn = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let router = match &self.other {
+            Some((other, _)) if turn % 2 == 1 => other,
+            _ => &self.router,
+        };
+        let res = router.clone().oneshot(req).await.unwrap();
         let status = res.status();
         let headers = res.headers().clone();
         // An event stream stays open: it is answered, not read to its end
