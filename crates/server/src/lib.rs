@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod routes;
 pub mod web;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

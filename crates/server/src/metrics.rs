@@ -4,14 +4,19 @@
 //! recording a request is a handful of relaxed atomic adds.
 
 use std::fmt::Write;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use axum::serve::IncomingStream;
 
 use tarn_store::{
     Batch, Consistency, FeedEntry, Key, ReadResult, Scan, Snapshot, Store, StoreError, StoreResult,
     Table,
 };
+
+use crate::wire::Listening;
 
 /// Upper bounds of latency buckets, in seconds.
 const BUCKETS: [f64; 14] = [
@@ -345,8 +350,9 @@ pub struct CountConnections<M> {
     metrics: Arc<Metrics>,
 }
 
-/// Wraps a make-service (`Router::into_make_service_with_connect_info`)
-/// so that `tarn_http_open_connections` counts the connections it serves.
+/// Wraps a make-service (`Router::into_make_service_with_connect_info`
+/// with `SocketAddr`) so that `tarn_http_open_connections` counts the
+/// connections it serves, from a [`Listening`].
 pub fn count_connections<M>(inner: M, metrics: Arc<Metrics>) -> CountConnections<M> {
     CountConnections { inner, metrics }
 }
@@ -367,9 +373,9 @@ pub struct Counted<S> {
     _open: Arc<Open>,
 }
 
-impl<T, M> tower_service::Service<T> for CountConnections<M>
+impl<M> tower_service::Service<IncomingStream<'_, Listening>> for CountConnections<M>
 where
-    M: tower_service::Service<T>,
+    M: tower_service::Service<SocketAddr>,
     M::Future: Send + 'static,
     M::Response: Send + 'static,
     M::Error: Send + 'static,
@@ -385,8 +391,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, target: T) -> Self::Future {
-        let made = self.inner.call(target);
+    fn call(&mut self, target: IncomingStream<'_, Listening>) -> Self::Future {
+        let made = self.inner.call(*target.remote_addr());
         let metrics = self.metrics.clone();
         Box::pin(async move {
             let inner = made.await?;

@@ -481,7 +481,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let stopping = stop.clone();
     let mut server = tokio::spawn(
         axum::serve(
-            listener,
+            tarn_server::wire::Listening::new(listener),
             tarn_server::metrics::count_connections(
                 app.into_make_service_with_connect_info::<SocketAddr>(),
                 metrics,

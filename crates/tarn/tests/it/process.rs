@@ -568,3 +568,84 @@ fn export_and_import_move_a_data_directory() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Requests no handler sees, refused by hyper itself (a request target
+/// over its 65,534 bytes, over 100 headers, a broken header line), are
+/// answered with problem JSON like every other error: hyper's own answers
+/// had no body, and a `q` too long for hyper was `414`, not `400`.
+#[test]
+fn requests_hyper_refuses_are_answered_with_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path());
+    let many_headers: String = (0..120).map(|i| format!("X-H{i}: v\r\n")).collect();
+    for (raw, status, slug, says) in [
+        (
+            format!(
+                "GET /api/v1/search?q={} HTTP/1.1\r\nHost: t\r\n\r\n",
+                "a".repeat(70_000)
+            ),
+            400,
+            "invalid-input",
+            "1024",
+        ),
+        (
+            format!("GET /api/v1/health HTTP/1.1\r\nHost: t\r\n{many_headers}\r\n"),
+            431,
+            "too-large",
+            "100 headers",
+        ),
+        (
+            "GET /api/v1/health HTTP/1.1\r\nHost: t\r\nBad Header\r\n\r\n".to_string(),
+            400,
+            "invalid-input",
+            "HTTP/1.1",
+        ),
+    ] {
+        let mut s = connect(server.addr);
+        s.write_all(raw.as_bytes()).unwrap();
+        let r = read_response(s);
+        assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
+        let header = |name: &str| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            header("content-type").as_deref(),
+            Some("application/problem+json")
+        );
+        assert_eq!(header("connection").as_deref(), Some("close"));
+        let p: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(p["type"], slug);
+        assert_eq!(p["status"], status);
+        assert!(p["detail"].as_str().unwrap().contains(says), "{p}");
+    }
+    // After an answered request on the same connection too.
+    let mut s = connect(server.addr);
+    s.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: t\r\n\r\nGARBAGE\r\n\r\n")
+        .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let (first, second) = raw.split_once("{\"status\":\"ok\"}").expect(&raw);
+    assert!(first.starts_with("HTTP/1.1 200 OK"), "{raw}");
+    assert!(second.starts_with("HTTP/1.1 400 Bad Request"), "{raw}");
+    assert!(second.contains("\"type\":\"invalid-input\""), "{raw}");
+    // A q over the documented limit, but short enough for hyper, is the
+    // handler's refusal, as before.
+    let r = call(
+        server.addr,
+        "GET",
+        &format!("/api/v1/search?q={}", "a".repeat(2_000)),
+        None,
+        None,
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        call(server.addr, "GET", "/api/v1/health", None, None).status,
+        200
+    );
+    terminate(&server.child);
+    wait_exit(&mut server.child);
+}

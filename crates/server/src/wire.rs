@@ -1,0 +1,284 @@
+//! The server's connections: requests that are not HTTP enough to reach a
+//! handler are answered with problem JSON too.
+//!
+//! hyper answers a request it cannot parse by itself, before any handler
+//! sees it, with an empty body: `414` for a request target over 65,534
+//! bytes (hyper's fixed bound), `431` for a head over its buffer or with
+//! over 100 headers, `400` for anything else malformed. api.md answers
+//! every error with problem JSON and a `q` over its limit with `400`, and
+//! a client cannot tell how long a request line it sends is too long for
+//! hyper. So each connection's writes pass through [`Wire`], which
+//! recognises those answers (exactly the bytes hyper writes: the status
+//! line, `connection: close`, `content-length: 0`, `date`, nothing else)
+//! and writes problem JSON in their place; the connection closes after
+//! them, as before. No handler answers an error without a body, so no
+//! response of the app looks like one of them.
+
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use axum::http::StatusCode;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::error::Problem;
+
+/// A TCP listener whose connections are [`Wire`]s.
+pub struct Listening(TcpListener);
+
+impl Listening {
+    /// Serves the connections `listener` accepts.
+    pub fn new(listener: TcpListener) -> Listening {
+        Listening(listener)
+    }
+}
+
+impl axum::serve::Listener for Listening {
+    type Io = Wire<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (io, addr) = axum::serve::Listener::accept(&mut self.0).await;
+        (Wire::new(io), addr)
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.0.local_addr()
+    }
+}
+
+/// A connection whose writes of hyper's bodiless refusals become problem
+/// JSON.
+pub struct Wire<T> {
+    inner: T,
+    /// A refusal's answer, not yet all written.
+    pending: Vec<u8>,
+}
+
+impl<T> Wire<T> {
+    /// Wraps a connection.
+    pub fn new(inner: T) -> Wire<T> {
+        Wire {
+            inner,
+            pending: Vec::new(),
+        }
+    }
+}
+
+/// The longest head hyper writes for a refusal (status line, three
+/// headers): anything longer is not one.
+const REFUSAL_MAX: usize = 160;
+
+/// How each of them starts.
+const REFUSAL_START: &[u8] = b"HTTP/1.1 4";
+
+/// The problem JSON answer to one of hyper's bodiless refusals, or `None`
+/// when `head` is not exactly one.
+pub fn answer_to(head: &[u8]) -> Option<Vec<u8>> {
+    if head.len() > REFUSAL_MAX || !head.starts_with(REFUSAL_START) {
+        return None;
+    }
+    let text = std::str::from_utf8(head).ok()?;
+    let (status_line, rest) = text.split_once("\r\n")?;
+    let date = rest
+        .strip_prefix("connection: close\r\ncontent-length: 0\r\ndate: ")?
+        .strip_suffix("\r\n\r\n")?;
+    if date.len() != 29 || date.contains('\r') {
+        return None;
+    }
+    let (status, slug, detail) = match status_line {
+        "HTTP/1.1 414 URI Too Long" => (
+            StatusCode::BAD_REQUEST,
+            "invalid-input",
+            format!(
+                "the request target (path and query) is over 65,534 bytes; q has at most {} bytes",
+                tarn_engine::MAX_QUERY
+            ),
+        ),
+        "HTTP/1.1 431 Request Header Fields Too Large" => (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "too-large",
+            "the request's line and headers are over 400 KiB, or it has over 100 headers".into(),
+        ),
+        "HTTP/1.1 400 Bad Request" => (
+            StatusCode::BAD_REQUEST,
+            "invalid-input",
+            "the request is not well-formed HTTP/1.1".into(),
+        ),
+        _ => return None,
+    };
+    let reason = status.canonical_reason().unwrap_or("Error");
+    let body = serde_json::to_vec(&Problem {
+        slug,
+        title: reason,
+        status: status.as_u16(),
+        detail: &detail,
+    })
+    .expect("a problem serialises");
+    let mut answer = format!(
+        "HTTP/1.1 {} {reason}\r\nconnection: close\r\ncontent-type: application/problem+json\r\ncontent-length: {}\r\ndate: {date}\r\n\r\n",
+        status.as_u16(),
+        body.len()
+    )
+    .into_bytes();
+    answer.extend_from_slice(&body);
+    Some(answer)
+}
+
+impl<T: AsyncWrite + Unpin> Wire<T> {
+    /// Writes what is left of a refusal's answer.
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.pending.is_empty() {
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.pending))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.pending.drain(..n);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Takes `head` (`len` bytes hyper asked to write) as written when it
+    /// is a refusal, its answer to be written instead.
+    fn poll_refusal(
+        &mut self,
+        cx: &mut Context<'_>,
+        head: &[u8],
+        len: usize,
+    ) -> Option<Poll<io::Result<usize>>> {
+        let answer = answer_to(head)?;
+        self.pending = answer;
+        // Written now if the socket takes it; else on the next write,
+        // flush or shutdown, which hyper makes next.
+        Some(match self.poll_pending(cx) {
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            _ => Poll::Ready(Ok(len)),
+        })
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Wire<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Wire<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        ready!(self.poll_pending(cx))?;
+        if let Some(done) = self.poll_refusal(cx, buf, buf.len()) {
+            return done;
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        ready!(self.poll_pending(cx))?;
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        if len <= REFUSAL_MAX && bufs.first().is_some_and(|b| b.starts_with(REFUSAL_START)) {
+            let head: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            if let Some(done) = self.poll_refusal(cx, &head, len) {
+                return done;
+            }
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_pending(cx))?;
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_pending(cx))?;
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answer_to;
+
+    const DATE: &str = "Thu, 26 Nov 2026 16:38:26 GMT";
+
+    fn refusal(status_line: &str) -> Vec<u8> {
+        format!("{status_line}\r\nconnection: close\r\ncontent-length: 0\r\ndate: {DATE}\r\n\r\n")
+            .into_bytes()
+    }
+
+    #[test]
+    fn hypers_refusals_become_problems() {
+        for (line, status, slug) in [
+            ("HTTP/1.1 414 URI Too Long", 400, "invalid-input"),
+            (
+                "HTTP/1.1 431 Request Header Fields Too Large",
+                431,
+                "too-large",
+            ),
+            ("HTTP/1.1 400 Bad Request", 400, "invalid-input"),
+        ] {
+            let answer = String::from_utf8(answer_to(&refusal(line)).unwrap()).unwrap();
+            let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+            assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "{head}");
+            assert!(head.contains("content-type: application/problem+json"));
+            assert!(head.contains("connection: close"));
+            assert!(head.contains(&format!("content-length: {}", body.len())));
+            assert!(head.ends_with(&format!("date: {DATE}")));
+            let p: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(
+                (p["type"].as_str(), p["status"].as_u64()),
+                (Some(slug), Some(status))
+            );
+            assert!(!p["detail"].as_str().unwrap().is_empty());
+        }
+    }
+
+    #[test]
+    fn nothing_else_is_touched() {
+        let ok =
+            "HTTP/1.1 200 OK\r\ncontent-length: 0\r\ndate: Thu, 26 Nov 2026 16:38:26 GMT\r\n\r\n";
+        let mut others = vec![
+            ok.as_bytes().to_vec(),
+            refusal("HTTP/1.1 404 Not Found"),
+            refusal("HTTP/1.1 413 Payload Too Large"),
+            b"HTTP/1.1 400 Bad Request\r\n".to_vec(),
+            Vec::new(),
+        ];
+        // A refusal with anything before or after it, or a header more.
+        let whole = refusal("HTTP/1.1 400 Bad Request");
+        others.push([b"x".as_slice(), &whole].concat());
+        others.push([whole.as_slice(), b"x"].concat());
+        others.push(
+            String::from_utf8(whole.clone())
+                .unwrap()
+                .replace("connection: close\r\n", "connection: close\r\nx-a: b\r\n")
+                .into_bytes(),
+        );
+        for other in others {
+            assert_eq!(
+                answer_to(&other),
+                None,
+                "{}",
+                String::from_utf8_lossy(&other)
+            );
+        }
+    }
+}
