@@ -180,13 +180,13 @@ pub(crate) const SHARED: &str = "_shared";
 
 /// Moves a dropping declaration (in `b`) from its name to one no one can
 /// declare, `~` and its uid, where it waits for its rows to go; answers
-/// that name.
-fn move_aside(def: &IndexDef, b: &mut Batch) -> String {
+/// the work of removing them.
+fn move_aside(def: &IndexDef, b: &mut Batch) -> Task {
     let mut moved = def.clone();
     moved.name = format!("~{}", def.uid);
     b.delete(schema::def_key(&def.name));
     b.put(schema::def_key(&moved.name), schema::encode(&moved), 1);
-    moved.name
+    Task::of(&moved).expect("a dropping declaration has work left")
 }
 
 /// The fields every item has outside its properties.
@@ -690,57 +690,82 @@ impl Engine {
             })
             .await?;
         if let Some(aside) = aside {
-            self.spawn_work(aside, Work::Drop);
+            self.spawn_work(aside);
         }
-        if created {
-            self.spawn_work(def.name.clone(), Work::Build);
+        if let Some(build) = Task::of(&def).filter(|_| created) {
+            self.spawn_work(build);
         }
         Ok((def, created))
     }
 
-    /// Starts `work` on index `name` in the background, unless this node
-    /// already works on it. While it runs, it beats: it rewrites the
-    /// index's beat row every [`EngineConfig::index_beat`](crate::EngineConfig),
-    /// so other nodes can tell it from work a stopped node left.
-    fn spawn_work(&self, name: String, work: Work) {
-        let Some(mine) = Working::claim(self, &name) else {
+    /// Starts `task` in the background, unless this node already works on
+    /// it. While it runs, it beats: it rewrites the task's beat row every
+    /// [`EngineConfig::index_beat`](crate::EngineConfig), so other nodes
+    /// can tell it from work a stopped node left.
+    fn spawn_work(&self, task: Task) {
+        let Some(mine) = Working::claim(self, &task) else {
             return;
         };
         let engine = self.clone();
         tokio::spawn(async move {
-            let run = keep_trying(&name, || async {
-                match work {
-                    Work::Build => engine.build_index(&name).await,
-                    Work::Drop => engine.remove_index_rows(&name).await,
+            let key = schema::beat_key(&task.name, &task.uid);
+            let name = &task.name;
+            let run = keep_trying(name, || async {
+                match task.work {
+                    Work::Build => engine.build_index(name).await,
+                    Work::Drop => engine.remove_index_rows(name).await,
                 }
             });
-            select(std::pin::pin!(run), std::pin::pin!(engine.beat(&name))).await;
+            let beat = engine.beat(name, &key);
+            let done = match select(std::pin::pin!(run), std::pin::pin!(beat)).await {
+                Either::Left((done, _)) => done,
+                Either::Right(_) => false,
+            };
+            if !done {
+                // Logged by `keep_trying`. Trying again would meet the
+                // same failure: this node keeps the work, so that no node
+                // takes it up every half minute; a restart tries again.
+                tracing::error!(index = %name, "index work stopped for good on this node; it is tried again when a node starts");
+                engine.beat(name, &key).await;
+            }
             let mut b = Batch::new();
-            b.delete(schema::beat_key(&name));
+            b.delete(key);
             if let Err(e) = engine.store().write(b).await {
-                // Harmless: a beat row is read only while its index is
-                // building or dropping.
-                tracing::debug!(index = %name, error = %e, "a beat row stays");
+                // A beat row is read only while its declaration is building
+                // or dropping, and no other work has its key (its uid).
+                tracing::warn!(index = %name, error = %e, "a finished work's beat row stays");
             }
             drop(mine);
         });
     }
 
-    /// Rewrites index `name`'s beat row, with a value never written before,
-    /// every beat, until dropped.
-    async fn beat(&self, name: &str) {
-        let key = schema::beat_key(name);
+    /// Rewrites the beat row `key` of the work on index `name` with a
+    /// value never written before, every beat (a write that takes longer
+    /// is given up, so a slow store misses beats rather than delaying
+    /// them), until dropped.
+    async fn beat(&self, name: &str, key: &Key) {
         let nonce = random_bytes::<8>();
+        let every = self.config().index_beat;
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut missed = false;
         for n in 1u64.. {
+            ticks.tick().await;
             let mut value = nonce.to_vec();
             value.extend_from_slice(&n.to_be_bytes());
             let mut b = Batch::new();
             b.put(key.clone(), value, n);
-            if let Err(e) = self.store().write(b).await {
-                // The work itself meets the same store, and says so.
-                tracing::debug!(index = name, error = %e, "a beat was missed");
+            let error = match tokio::time::timeout(every, self.store().write(b)).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some("the store took longer than a beat".to_string()),
+            };
+            // Said once a run of misses: six in a row let other nodes take
+            // the work up.
+            if let (Some(e), false) = (&error, missed) {
+                tracing::warn!(index = name, error = %e, "index work missed a beat");
             }
-            tokio::time::sleep(self.config().index_beat).await;
+            missed = error.is_some();
         }
     }
 
@@ -762,42 +787,37 @@ impl Engine {
         });
     }
 
-    /// One look of [`Engine::watch_index_work`]; `seen` holds, per index
-    /// at work, the beat last read and when it was first read.
+    /// One look of [`Engine::watch_index_work`]; `seen` holds, per task,
+    /// the beat last read and when it was first read.
     async fn look_at_index_work(
         &self,
-        seen: &mut HashMap<String, (Option<Vec<u8>>, std::time::Instant)>,
+        seen: &mut HashMap<Task, (Option<Vec<u8>>, std::time::Instant)>,
     ) -> Result<()> {
         let mut snap = self.snapshot().await?;
         let version = snap.get(&schema::defs_version_key()).await?;
         let defs = self.defs_at(&mut snap, &version).await?;
-        let open: Vec<(String, Work)> = defs
-            .defs
-            .iter()
-            .filter_map(|d| match d.state {
-                IndexState::Building => Some((d.name.clone(), Work::Build)),
-                IndexState::Dropping => Some((d.name.clone(), Work::Drop)),
-                IndexState::Ready => None,
-            })
-            .collect();
-        seen.retain(|name, _| open.iter().any(|(n, _)| n == name));
+        let open: Vec<Task> = defs.defs.iter().filter_map(Task::of).collect();
+        seen.retain(|task, _| open.contains(task));
         if open.is_empty() {
             return Ok(());
         }
-        let keys: Vec<Key> = open.iter().map(|(n, _)| schema::beat_key(n)).collect();
+        let keys: Vec<Key> = open
+            .iter()
+            .map(|t| schema::beat_key(&t.name, &t.uid))
+            .collect();
         let beats = snap.get_many(&keys).await?;
         drop(snap);
         let stale = self.config().index_beat * STALE_BEATS;
         let now = std::time::Instant::now();
-        for ((name, work), beat) in open.into_iter().zip(beats) {
+        for (task, beat) in open.into_iter().zip(beats) {
             let beat = beat.map(|r| r.value);
-            let (last, since) = seen.entry(name.clone()).or_insert((beat.clone(), now));
+            let (last, since) = seen.entry(task.clone()).or_insert((beat.clone(), now));
             if *last != beat {
                 (*last, *since) = (beat, now);
-            } else if now.duration_since(*since) >= stale && !Working::is_on(self, &name) {
-                tracing::warn!(index = %name, "index work stopped beating; taken up here");
+            } else if now.duration_since(*since) >= stale && !Working::is_on(self, &task) {
+                tracing::warn!(index = %task.name, "index work stopped beating; taken up here");
                 *since = now;
-                self.spawn_work(name, work);
+                self.spawn_work(task);
             }
         }
         Ok(())
@@ -863,7 +883,7 @@ impl Engine {
                 Ok(aside)
             })
             .await?;
-        self.spawn_work(dropping, Work::Drop);
+        self.spawn_work(dropping);
         Ok(())
     }
 
@@ -871,12 +891,8 @@ impl Engine {
     /// Safe to run on several nodes at once: both are idempotent.
     pub async fn resume_index_work(&self) -> Result<()> {
         let defs = self.retrying(|| self.read_defs()).await?;
-        for def in defs.defs.iter() {
-            match def.state {
-                IndexState::Building => self.spawn_work(def.name.clone(), Work::Build),
-                IndexState::Dropping => self.spawn_work(def.name.clone(), Work::Drop),
-                IndexState::Ready => {}
-            }
+        for task in defs.defs.iter().filter_map(Task::of) {
+            self.spawn_work(task);
         }
         Ok(())
     }
@@ -1105,44 +1121,70 @@ where
 }
 
 /// Background work on one index.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Work {
     Build,
     Drop,
+}
+
+/// Work left on one declaration: its name and uid (a name is taken again
+/// by a new index while a dropped one's rows go, and while an old build
+/// may still run).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Task {
+    name: String,
+    uid: String,
+    work: Work,
+}
+
+impl Task {
+    /// The work a declaration in its state needs, if any.
+    fn of(def: &IndexDef) -> Option<Task> {
+        let work = match def.state {
+            IndexState::Building => Work::Build,
+            IndexState::Dropping => Work::Drop,
+            IndexState::Ready => return None,
+        };
+        Some(Task {
+            name: def.name.clone(),
+            uid: def.uid.clone(),
+            work,
+        })
+    }
 }
 
 /// Beats without a change after which a node takes up another's index
 /// work.
 const STALE_BEATS: u32 = 6;
 
-/// This node's claim on work on one index, given up when dropped (also
-/// when the work panics).
+/// This node's claim on a task, given up when dropped (also when the work
+/// panics).
 struct Working {
     engine: Engine,
-    name: String,
+    task: Task,
 }
 
 impl Working {
-    fn claim(engine: &Engine, name: &str) -> Option<Working> {
+    fn claim(engine: &Engine, task: &Task) -> Option<Working> {
         let fresh = engine
             .inner
             .index_work
             .lock()
             .expect("never poisoned")
-            .insert(name.to_string());
+            .insert(task.clone());
         fresh.then(|| Working {
             engine: engine.clone(),
-            name: name.to_string(),
+            task: task.clone(),
         })
     }
 
-    fn is_on(engine: &Engine, name: &str) -> bool {
+    fn is_on(engine: &Engine, task: &Task) -> bool {
         engine
             .inner
             .index_work
             .lock()
             .expect("never poisoned")
-            .contains(name)
+            .contains(task)
     }
 }
 
@@ -1153,7 +1195,7 @@ impl Drop for Working {
             .index_work
             .lock()
             .expect("never poisoned")
-            .remove(&self.name);
+            .remove(&self.task);
     }
 }
 
@@ -1168,8 +1210,9 @@ const RETRY_AT_MOST: std::time::Duration = std::time::Duration::from_secs(30);
 /// the store could not serve (each try has already retried a few times) is
 /// followed by another, later and later up to [`RETRY_AT_MOST`] apart: an
 /// outage must not leave an index building, answering `index-building`,
-/// until a node restarts. Any other failure is logged and ends the work.
-async fn keep_trying<F, Fut>(name: &str, work: F)
+/// until a node restarts. Any other failure is logged and ends the tries:
+/// answers whether the work was done.
+async fn keep_trying<F, Fut>(name: &str, work: F) -> bool
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
@@ -1177,11 +1220,11 @@ where
     let mut wait = std::time::Duration::from_secs(1);
     loop {
         match work().await {
-            Ok(()) => return,
+            Ok(()) => return true,
             Err(e) => {
                 tracing_error(name, &e);
                 if !matches!(e, EngineError::Unavailable(_) | EngineError::Store(_)) {
-                    return;
+                    return false;
                 }
             }
         }

@@ -217,9 +217,11 @@ struct Inner {
     upload_rest: AtomicU64,
     /// The store's cursor key, read once (it never changes).
     cursor_key: tokio::sync::OnceCell<Vec<u8>>,
-    /// The indexes this node is building or dropping in the background
-    /// (read and written by that work alone, never by requests).
-    index_work: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The index work this node runs in the background: claimed when
+    /// it starts (by a declaration or a drop, an administrator's rare
+    /// requests, or by the node's watch) and given up when it ends; no
+    /// other request reads it.
+    index_work: std::sync::Mutex<std::collections::HashSet<indexes::Task>>,
 }
 
 impl Engine {

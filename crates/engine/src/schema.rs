@@ -127,10 +127,14 @@ pub(crate) fn def_key(name: &str) -> Key {
     Key::new(INDEX_DEFS, DEFS_PARTITION.to_vec(), name.as_bytes())
 }
 
-/// The row a node building or dropping index `name` rewrites while it
-/// works (its own partition: no one reads it but the nodes' watchers).
-pub(crate) fn beat_key(name: &str) -> Key {
-    Key::new(INDEX_DEFS, b"beats".to_vec(), name.as_bytes())
+/// The row a node building or dropping index `name` of uid `uid`
+/// rewrites while it works (a partition of its own: no one reads it but
+/// the nodes' watchers).
+pub(crate) fn beat_key(name: &str, uid: &str) -> Key {
+    let mut clustering = name.as_bytes().to_vec();
+    clustering.push(0);
+    clustering.extend_from_slice(uid.as_bytes());
+    Key::new(INDEX_DEFS, b"beats".to_vec(), clustering)
 }
 
 /// A session as stored under the hash of its token.

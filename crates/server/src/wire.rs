@@ -11,8 +11,13 @@
 //! recognises those answers (exactly the bytes hyper writes: the status
 //! line, `connection: close`, `content-length: 0`, `date`, nothing else)
 //! and writes problem JSON in their place; the connection closes after
-//! them, as before. No handler answers an error without a body, so no
-//! response of the app looks like one of them.
+//! them, as before. Only the first write after bytes were read is looked
+//! at: hyper refuses right after reading the request it refuses, while
+//! the app's responses start with a head hyper writes (every one carries
+//! `x-request-id`, so none is a refusal's bytes) and go on with bodies
+//! after it. An item's body that holds a refusal's bytes is therefore
+//! served as it is, unless its own client sends more bytes while it
+//! streams, which only that client's own connection would see.
 
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
@@ -55,6 +60,9 @@ pub struct Wire<T> {
     inner: T,
     /// A refusal's answer, not yet all written.
     pending: Vec<u8>,
+    /// Whether bytes were read since the last write: only the first write
+    /// after a read may be a refusal.
+    read: bool,
 }
 
 impl<T> Wire<T> {
@@ -63,6 +71,7 @@ impl<T> Wire<T> {
         Wire {
             inner,
             pending: Vec::new(),
+            read: false,
         }
     }
 }
@@ -148,6 +157,9 @@ impl<T: AsyncWrite + Unpin> Wire<T> {
         head: &[u8],
         len: usize,
     ) -> Option<Poll<io::Result<usize>>> {
+        if !std::mem::take(&mut self.read) {
+            return None;
+        }
         let answer = answer_to(head)?;
         self.pending = answer;
         // Written now if the socket takes it; else on the next write,
@@ -165,7 +177,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Wire<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
+        self.read |= buf.filled().len() > before;
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -179,6 +194,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Wire<T> {
         if let Some(done) = self.poll_refusal(cx, buf, buf.len()) {
             return done;
         }
+        self.read = false;
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -195,6 +211,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Wire<T> {
                 return done;
             }
         }
+        self.read = false;
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -215,7 +232,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Wire<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::answer_to;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::{answer_to, Wire};
 
     const DATE: &str = "Thu, 26 Nov 2026 16:38:26 GMT";
 
@@ -280,5 +299,37 @@ mod tests {
                 String::from_utf8_lossy(&other)
             );
         }
+    }
+
+    /// Only the first write after a read can be a refusal: the same bytes
+    /// written as part of a response (an item body holding them) go out
+    /// as they are.
+    #[tokio::test]
+    async fn only_a_write_right_after_a_read_is_looked_at() {
+        let refusal = refusal("HTTP/1.1 400 Bad Request");
+        let (server, mut client) = tokio::io::duplex(4096);
+        let mut wire = Wire::new(server);
+        // Nothing read yet.
+        wire.write_all(&refusal).await.unwrap();
+        // A request read, answered, then the same bytes as a body chunk.
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut request = [0u8; 18];
+        wire.read_exact(&mut request).await.unwrap();
+        let head = b"HTTP/1.1 200 OK\r\ncontent-length: 95\r\n\r\n";
+        wire.write_all(head).await.unwrap();
+        wire.write_all(&refusal).await.unwrap();
+        wire.flush().await.unwrap();
+        let mut got = vec![0u8; refusal.len() + head.len() + refusal.len()];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, [refusal.as_slice(), head, &refusal].concat());
+        // A refusal right after reading what it refuses is answered.
+        client.write_all(b"BAD\r\n\r\n").await.unwrap();
+        let mut bad = [0u8; 7];
+        wire.read_exact(&mut bad).await.unwrap();
+        wire.write_all(&refusal).await.unwrap();
+        wire.shutdown().await.unwrap();
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).await.unwrap();
+        assert_eq!(answer, answer_to(&refusal).unwrap());
     }
 }

@@ -631,9 +631,21 @@ impl Snapshot for PgSnapshot {
 /// PostgreSQL's own horizon (`pg_snapshot_xmin`) counts every database of
 /// the server: a transaction left open in another one held back `/changes`
 /// and `/events` on every node for as long as it stayed open. Only ids
-/// known to belong to a session of another database are left out, so an
-/// id this cannot place still holds the feed back, as before. (Low 32 bits
-/// are compared: ids running at once are less than 2^31 apart.)
+/// known to belong to a session outside this database (another database's,
+/// or one of no database) are left out; an id this cannot place (a
+/// prepared transaction, a session of a role whose ids are not shown)
+/// still holds the feed back, as before. Why it is safe:
+///
+/// - Only a session connected to this database writes its feed, and a
+///   session never changes database, so an id seen in another database's
+///   session is never a writer's here.
+/// - `pg_stat_activity` is read at or after the snapshot; an id it shows
+///   that was given after the snapshot is not in the snapshot's running
+///   ids, so leaving it out changes nothing.
+/// - Writers record their top-level id (`pg_current_xact_id()`), which is
+///   among the running ids until it ends.
+/// - Low 32 bits are compared: ids running at once are less than 2^31
+///   apart.
 const FEED_HORIZON: &str = "(SELECT coalesce(min(x::text::int8),
             pg_snapshot_xmax(pg_current_snapshot())::text::int8)
        FROM pg_snapshot_xip(pg_current_snapshot()) AS x

@@ -24,6 +24,8 @@ const SNAPSHOTS_FAIL: u8 = 3;
 /// write: an outage that starts right after a write.
 const OUTAGE_AFTER_WRITE: u8 = 4;
 const OUTAGE: u8 = 5;
+/// Writes of item rows wait (do not fail) until the mode changes.
+const ITEM_WRITES_WAIT: u8 = 6;
 
 /// A memory store that fails on demand, each time with another kind of
 /// store error.
@@ -35,13 +37,28 @@ struct Failing {
 
 /// An engine over `inner` that fails as its mode says (at first, never).
 fn failing(inner: tarn_store::memory::MemoryStore) -> (Engine, Arc<AtomicU8>) {
+    failing_with(inner, common::config())
+}
+
+fn failing_with(
+    inner: tarn_store::memory::MemoryStore,
+    config: tarn_engine::EngineConfig,
+) -> (Engine, Arc<AtomicU8>) {
     let mode = Arc::new(AtomicU8::new(OK));
     let store = Failing {
         inner,
         mode: mode.clone(),
         turn: Arc::new(AtomicU8::new(0)),
     };
-    (common::engine(Arc::new(store)), mode)
+    (Engine::new(Arc::new(store), config), mode)
+}
+
+/// Engine settings with beats of index work 100 ms apart.
+fn quick_beats() -> tarn_engine::EngineConfig {
+    tarn_engine::EngineConfig {
+        index_beat: std::time::Duration::from_millis(100),
+        ..common::config()
+    }
 }
 
 fn failure(turn: &AtomicU8) -> StoreError {
@@ -112,6 +129,10 @@ impl Store for Failing {
     async fn write(&self, batch: Batch) -> StoreResult<()> {
         if matches!(self.mode.load(Ordering::Relaxed), WRITES_FAIL | OUTAGE) {
             return Err(failure(&self.turn));
+        }
+        let items = batch.ops.iter().any(|op| op.key().table.name() == "items");
+        while items && self.mode.load(Ordering::Relaxed) == ITEM_WRITES_WAIT {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         self.inner.write(batch).await?;
         let _ = self.mode.compare_exchange(
@@ -282,13 +303,7 @@ async fn an_index_built_through_an_outage_becomes_ready() {
 async fn a_build_a_stopped_node_left_is_taken_up_by_a_running_one() {
     let shared = tarn_store::memory::MemoryStore::new();
     let (a, mode) = failing(shared.clone());
-    let b = Engine::new(
-        Arc::new(shared),
-        tarn_engine::EngineConfig {
-            index_beat: std::time::Duration::from_millis(100),
-            ..common::config()
-        },
-    );
+    let b = Engine::new(Arc::new(shared), quick_beats());
     b.start().await.unwrap();
     let alice = declare_as_an_outage_begins(&a, &mode).await;
     for _ in 0..300 {
@@ -316,4 +331,42 @@ async fn a_build_a_stopped_node_left_is_taken_up_by_a_running_one() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     panic!("no running node took up the build");
+}
+
+/// A node whose build is slow but alive (its writes wait) keeps beating,
+/// and no other node takes the build up meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_that_beats_is_left_to_its_node() {
+    let shared = tarn_store::memory::MemoryStore::new();
+    let (a, mode) = failing_with(shared.clone(), quick_beats());
+    let b = Engine::new(Arc::new(shared), quick_beats());
+    b.start().await.unwrap();
+    let alice = sign_up(&a, "alice").await;
+    for n in 0..20 {
+        a.create_item(&alice, "doc", props(json!({"n": n})), vec![])
+            .await
+            .unwrap();
+    }
+    mode.store(ITEM_WRITES_WAIT, Ordering::Relaxed);
+    a.declare_index(&common::admin(), "doc-by-n", "doc", vec![], by_n())
+        .await
+        .unwrap();
+    let state = || async {
+        b.get_index(&common::admin(), "doc-by-n")
+            .await
+            .unwrap()
+            .state
+    };
+    // Twenty beats: more than three times what makes work stale. Node b,
+    // whose writes do not wait, would have finished it at once.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(state().await, tarn_engine::IndexState::Building);
+    mode.store(OK, Ordering::Relaxed);
+    for _ in 0..300 {
+        if state().await == tarn_engine::IndexState::Ready {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the build never finished once its writes went through");
 }

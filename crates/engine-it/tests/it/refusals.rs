@@ -452,7 +452,7 @@ async fn index_declarations_are_for_admins_and_checked() {
         .await;
     assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
     // Where fields, and text fields, in another order declare the same
-    // index, and so does the default language named.
+    // index (and the default language named, as it always did).
     let pq = |p: &str, q: &str| vec![p.to_string(), q.to_string()];
     let (_, created) = e
         .declare_index(&admin(), "y", "doc", pq("p", "q"), sort("a"))
