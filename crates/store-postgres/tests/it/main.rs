@@ -25,6 +25,33 @@ async fn fresh() -> (Arc<dyn Store>, ()) {
 
 tarn_store::conformance_tests!(fresh());
 
+/// The end of `feed`, in a fresh snapshot.
+async fn feed_end(store: &PgStore, feed: Table) -> Vec<u8> {
+    store
+        .snapshot()
+        .await
+        .unwrap()
+        .feed_end(feed)
+        .await
+        .unwrap()
+}
+
+/// Up to `limit` entries of `feed` after `cursor`, in a fresh snapshot.
+async fn read_feed(
+    store: &PgStore,
+    feed: Table,
+    cursor: &[u8],
+    limit: usize,
+) -> Vec<tarn_store::FeedEntry> {
+    store
+        .snapshot()
+        .await
+        .unwrap()
+        .read_feed(feed, Some(cursor), limit)
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nodes_share_one_database() {
     // Two stores on one schema stand for two nodes: a write through one is
@@ -121,13 +148,7 @@ async fn a_feed_poller_never_skips_a_late_commit() {
     let store = PgStore::connect(&fresh_url()).await.unwrap();
     let feed = Table::new("late");
     let t = Table::new("late_rows");
-    let start = store
-        .snapshot()
-        .await
-        .unwrap()
-        .feed_end(feed)
-        .await
-        .unwrap();
+    let start = feed_end(&store, feed).await;
     // The slow one starts first (smaller transaction id, smaller sequence
     // number) and is held open.
     let mut slow = Batch::new();
@@ -144,13 +165,7 @@ async fn a_feed_poller_never_skips_a_late_commit() {
     // A poller reading now sees nothing past the open transaction...
     let mut cursor = start.clone();
     let mut seen: Vec<Vec<u8>> = Vec::new();
-    let page = store
-        .snapshot()
-        .await
-        .unwrap()
-        .read_feed(feed, Some(&cursor), 100)
-        .await
-        .unwrap();
+    let page = read_feed(&store, feed, &cursor, 100).await;
     assert!(
         page.is_empty(),
         "entries after a transaction still running must wait for it: {page:?}"
@@ -161,13 +176,7 @@ async fn a_feed_poller_never_skips_a_late_commit() {
     // entries after it wait for it. So poll, as the change feed does.
     held.commit().await.unwrap();
     for _ in 0..600 {
-        let page = store
-            .snapshot()
-            .await
-            .unwrap()
-            .read_feed(feed, Some(&cursor), 2)
-            .await
-            .unwrap();
+        let page = read_feed(&store, feed, &cursor, 2).await;
         if page.is_empty() {
             if seen.len() >= 6 {
                 break;
@@ -192,13 +201,7 @@ async fn a_transaction_open_in_another_database_holds_the_feed_back_in_none() {
     let url = fresh_url();
     let store = PgStore::connect(&url).await.unwrap();
     let feed = Table::new("elsewhere");
-    let start = store
-        .snapshot()
-        .await
-        .unwrap()
-        .feed_end(feed)
-        .await
-        .unwrap();
+    let start = feed_end(&store, feed).await;
     // The server's own database, `postgres`, with a transaction that has
     // taken an id, left open.
     let base = std::env::var("TARN_TEST_POSTGRES").unwrap();
@@ -224,13 +227,7 @@ async fn a_transaction_open_in_another_database_holds_the_feed_back_in_none() {
     // feed back a moment; the open transaction stays open throughout.
     let mut seen = Vec::new();
     for _ in 0..200 {
-        let page = store
-            .snapshot()
-            .await
-            .unwrap()
-            .read_feed(feed, Some(&start), 10)
-            .await
-            .unwrap();
+        let page = read_feed(&store, feed, &start, 10).await;
         seen.extend(page.into_iter().map(|e| e.value));
         if !seen.is_empty() {
             break;
@@ -239,13 +236,7 @@ async fn a_transaction_open_in_another_database_holds_the_feed_back_in_none() {
     }
     assert_eq!(seen, vec![b"after".to_vec()], "the entry was held back");
     // Its end moved past the entry as well.
-    let end = store
-        .snapshot()
-        .await
-        .unwrap()
-        .feed_end(feed)
-        .await
-        .unwrap();
+    let end = feed_end(&store, feed).await;
     assert!(end > start);
     other.batch_execute("ROLLBACK").await.unwrap();
 }
