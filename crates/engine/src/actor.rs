@@ -94,6 +94,68 @@ pub(crate) fn join_cursor(value: &[u8]) -> Option<Vec<u8>> {
     value.strip_prefix(b"@").map(<[u8]>::to_vec)
 }
 
+/// A group's nesting into another that is written but not yet checked
+/// (see [`groups`](crate::groups)): it makes no one a member. Nestings
+/// are ordered by the writer's clock, then a nonce, so that every node
+/// orders two of them alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Pending {
+    /// Milliseconds since the epoch, on the writer's clock.
+    pub stamp: u64,
+    pub nonce: u64,
+}
+
+impl Pending {
+    /// The value of both rows of a pending nesting.
+    pub(crate) fn value(self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(17);
+        v.push(b'?');
+        v.extend_from_slice(&self.stamp.to_be_bytes());
+        v.extend_from_slice(&self.nonce.to_be_bytes());
+        v
+    }
+
+    /// The pending nesting a member or membership row holds, if it is one.
+    pub(crate) fn of(value: &[u8]) -> Option<Pending> {
+        let rest = value.strip_prefix(b"?")?;
+        Some(Pending {
+            stamp: u64::from_be_bytes(rest.get(..8)?.try_into().ok()?),
+            nonce: u64::from_be_bytes(rest.get(8..16)?.try_into().ok()?),
+        })
+    }
+}
+
+/// Which pending nestings a walk follows: none (who belongs where), or,
+/// to check a nesting change, every other one or the ones before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    Settled,
+    AllBut(Pending),
+    Before(Pending),
+}
+
+impl Admit {
+    /// Whether a row of `value` counts.
+    pub(crate) fn admits(self, value: &[u8]) -> bool {
+        match (Pending::of(value), self) {
+            (None, _) => true,
+            (Some(_), Admit::Settled) => false,
+            (Some(p), Admit::AllBut(mine)) => p != mine,
+            (Some(p), Admit::Before(mine)) => p < mine,
+        }
+    }
+}
+
+/// A pending nesting a walk saw: the member, the group, the nesting and
+/// its rows' version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Seen {
+    pub member: String,
+    pub group: String,
+    pub pending: Pending,
+    pub version: u64,
+}
+
 /// The hash a session is stored under.
 pub(crate) fn session_hash(token: &str) -> [u8; 32] {
     sha256(token.as_bytes())
@@ -132,6 +194,10 @@ pub(crate) struct Walk {
     /// A direct membership of the start left out of the walk (its group is
     /// still found if reached through another).
     except: Option<(String, String)>,
+    /// The pending nestings followed.
+    admit: Admit,
+    /// Every pending nesting read, followed or not.
+    pub pending: Vec<Seen>,
     /// Whether the bound stopped the walk early.
     pub truncated: bool,
 }
@@ -150,7 +216,18 @@ impl Walk {
             }],
             depth: 0,
             except: None,
+            admit: Admit::Settled,
+            pending: Vec::new(),
             truncated: false,
+        }
+    }
+
+    /// A walk from one principal that follows the pending nestings `admit`
+    /// lets through.
+    pub(crate) fn admitting(start: &Principal, admit: Admit) -> Walk {
+        Walk {
+            admit,
+            ..Walk::from(start)
         }
     }
 
@@ -203,6 +280,17 @@ impl Walk {
             for row in rows {
                 let g = std::str::from_utf8(&row.clustering)
                     .map_err(|e| crate::error::corrupt("membership", e))?;
+                if let Some(pending) = Pending::of(&row.value) {
+                    self.pending.push(Seen {
+                        member: principal.clone(),
+                        group: g.to_string(),
+                        pending,
+                        version: row.version,
+                    });
+                }
+                if !self.admit.admits(&row.value) {
+                    continue;
+                }
                 if self
                     .except
                     .as_ref()

@@ -12,9 +12,11 @@ use std::collections::BTreeSet;
 use std::ops::Bound;
 
 use serde_json::{Map, Value};
-use tarn_store::{Batch, Expect, Key, Scan, Snapshot, SnapshotExt};
+use std::time::Duration;
 
-use crate::actor::{membership_value, Actor, MAX_DEPTH, MAX_GROUPS};
+use tarn_store::{Batch, Expect, Key, Scan, Snapshot, SnapshotExt, StoreError};
+
+use crate::actor::{membership_value, Actor, Admit, Pending, Seen, Walk, MAX_DEPTH, MAX_GROUPS};
 use crate::changes::{Delta, CHANGES};
 use crate::error::{EngineError, Result};
 use crate::model::check_new_name;
@@ -23,6 +25,9 @@ use crate::{seal, unseal, Caller, Engine, Group, Principal};
 
 /// Most groups nested below one group that a nesting change examines.
 const MAX_NESTED_BELOW: usize = 1000;
+/// Most times a nesting change looks again at later pending nestings it
+/// conflicts with before it gives up (about 7 s).
+const NESTING_WAITS: u32 = 40;
 /// Most managers of one group.
 pub(crate) const MAX_MANAGERS: usize = 256;
 
@@ -180,8 +185,15 @@ impl Engine {
     }
 
     /// How many levels of groups lie below `group` (0: no nested group), or
-    /// a refusal when there are too many to examine.
-    async fn depth_below(&self, snap: &mut Box<dyn Snapshot>, group: &str) -> Result<usize> {
+    /// a refusal when there are too many to examine; the pending nestings
+    /// read go to `seen`.
+    async fn depth_below(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        group: &str,
+        admit: Admit,
+        seen_pending: &mut Vec<Seen>,
+    ) -> Result<usize> {
         let mut level = vec![group.to_string()];
         let mut seen = BTreeSet::new();
         let mut depth = 0;
@@ -201,14 +213,28 @@ impl Engine {
                 })
                 .collect();
             let mut next = Vec::new();
-            for chunk in scans.chunks(tarn_store::MAX_READ_ROWS / 64) {
-                for rows in snap.scan_many(chunk).await? {
+            for (chunk, of) in scans
+                .chunks(tarn_store::MAX_READ_ROWS / 64)
+                .zip(level.chunks(tarn_store::MAX_READ_ROWS / 64))
+            {
+                for (rows, parent) in snap.scan_many(chunk).await?.into_iter().zip(of) {
                     if rows.len() >= 64 {
                         return Err(too_many_below(group));
                     }
                     for r in rows {
                         let p = std::str::from_utf8(&r.clustering)
                             .map_err(|e| crate::error::corrupt("member", e))?;
+                        if let Some(pending) = Pending::of(&r.value) {
+                            seen_pending.push(Seen {
+                                member: p.to_string(),
+                                group: parent.clone(),
+                                pending,
+                                version: r.version,
+                            });
+                        }
+                        if !admit.admits(&r.value) {
+                            continue;
+                        }
                         if let Some(g) = p.strip_prefix("group:") {
                             if seen.insert(g.to_string()) {
                                 next.push(g.to_string());
@@ -228,6 +254,68 @@ impl Engine {
         Ok(depth)
     }
 
+    /// Why nesting `child` into `id` is refused, counting the pending
+    /// nestings `admit` lets through (`None`: it is not), with every
+    /// pending nesting read on the way.
+    async fn nesting_refusal(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        id: &str,
+        child: &str,
+        admit: Admit,
+    ) -> Result<(Option<EngineError>, Vec<Seen>)> {
+        let group = |g: &str| Principal::Group(g.to_string());
+        let above = self
+            .finish_walk(snap, Walk::admitting(&group(id), admit))
+            .await?;
+        let mine = self
+            .finish_walk(snap, Walk::admitting(&group(child), admit))
+            .await?;
+        let mut seen = [above.pending.clone(), mine.pending.clone()].concat();
+        let refusal = |m: String, seen| Ok((Some(EngineError::Conflict(m)), seen));
+        if above.truncated || mine.truncated {
+            return refusal(
+                format!("group:{child} or {id} already belongs to the most groups allowed"),
+                seen,
+            );
+        }
+        if above.found.iter().any(|g| g == child) {
+            return refusal(
+                format!("group:{child} already contains {id}: the membership would make a cycle"),
+                seen,
+            );
+        }
+        let mut after: BTreeSet<&str> = mine.found.iter().map(String::as_str).collect();
+        after.insert(id);
+        after.extend(above.found.iter().map(String::as_str));
+        if after.len() + 1 > MAX_GROUPS {
+            return refusal(
+                format!(
+                    "members of group:{child} would belong to {} groups; at most {MAX_GROUPS}",
+                    after.len() + 1
+                ),
+                seen,
+            );
+        }
+        let below = match self.depth_below(snap, child, admit, &mut seen).await {
+            Err(EngineError::Conflict(m)) => return refusal(m, seen),
+            other => other?,
+        };
+        let up = self.depth_above(snap, id, admit).await?;
+        // A user in the deepest group below `child` walks
+        // below + 1 (child) + 1 (id) + up levels.
+        if below + up + 2 > MAX_DEPTH {
+            return refusal(
+                format!(
+                    "groups would nest {} levels deep; at most {MAX_DEPTH}",
+                    below + up + 2
+                ),
+                seen,
+            );
+        }
+        Ok((None, seen))
+    }
+
     /// Adds a user or a group to a group (its managers and administrators).
     /// Refuses a membership that would make a cycle, nest groups too deep,
     /// or put anyone in more than [`MAX_GROUPS`] groups.
@@ -240,125 +328,274 @@ impl Engine {
                 ))
             }
         }
-        self.retrying(|| async {
-            let mut snap = self.snapshot().await?;
-            let member_row = match member {
-                Principal::User(u) => schema::user_key(u),
-                Principal::Group(g) => schema::group_key(g),
-                _ => unreachable!("checked above"),
-            };
-            let m = member.to_string();
-            let gets = [schema::group_key(id), member_row, membership_key(&m, id)];
-            let (actor, own) = self.resolve(&mut snap, caller, &gets, &[]).await?;
-            actor.require_user()?;
-            let (group, _) = decode_group(&own.rows[0])?.ok_or_else(|| no_group(id))?;
-            if !manages(&actor, &group) {
-                return Err(EngineError::Forbidden(format!(
-                    "only a manager of {id} may change it"
-                )));
-            }
-            if member == &Principal::Group(id.to_string()) {
-                return Err(EngineError::Conflict(
-                    "a group cannot contain itself".into(),
-                ));
-            }
-            if own.rows[1].is_none() {
-                return Err(EngineError::NotFound(format!("no such principal {member}")));
-            }
-            let above = self
-                .groups_of(&mut snap, &Principal::Group(id.to_string()))
-                .await?;
-            let mine = self.groups_of(&mut snap, member).await?;
-            if above.truncated || mine.truncated {
-                return Err(EngineError::Conflict(format!(
-                    "{member} or {id} already belongs to the most groups allowed"
-                )));
-            }
-            let mut after: BTreeSet<&str> = mine.found.iter().map(String::as_str).collect();
-            after.insert(id);
-            after.extend(above.found.iter().map(String::as_str));
-            let mut b = Batch::new();
-            if let Principal::Group(child) = member {
-                if above.found.iter().any(|g| g == child) {
-                    return Err(EngineError::Conflict(format!(
-                        "{member} already contains {id}: the membership would make a cycle"
-                    )));
-                }
-                if after.len() + 1 > MAX_GROUPS {
-                    return Err(EngineError::Conflict(format!(
-                        "members of {member} would belong to {} groups; at most {MAX_GROUPS}",
-                        after.len() + 1
-                    )));
-                }
-                let below = self.depth_below(&mut snap, child).await?;
-                let up = self.depth_above(&mut snap, id).await?;
-                // A user in the deepest group below `child` walks
-                // below + 1 (child) + 1 (id) + up levels.
-                if below + up + 2 > MAX_DEPTH {
-                    return Err(EngineError::Conflict(format!(
-                        "groups would nest {} levels deep; at most {MAX_DEPTH}",
-                        below + up + 2
-                    )));
-                }
-            } else if after.len() > MAX_GROUPS {
-                return Err(EngineError::Conflict(format!(
-                    "{member} would belong to {} groups; at most {MAX_GROUPS}",
-                    after.len()
-                )));
-            }
-            // Where the feed ends before the member joins: changes up to
-            // there were never the member's through this group. A
-            // membership added again keeps its row, and its first join,
-            // guarded so that a leave meanwhile is not undone.
-            let joined = match &own.rows[2] {
-                Some(row) => Err(Expect::Version(row.version)),
-                None => Ok(membership_value(&snap.feed_end(CHANGES).await?)),
-            };
-            drop(snap);
-            let key = membership_key(&m, id);
-            b.put(member_key(id, &m), schema::MARK.to_vec(), 1);
-            match joined {
-                Ok(value) => b.put(key.clone(), value, 1).guard(key, Expect::Absent),
-                Err(held) => b.guard(key, held),
-            };
-            let gained = std::iter::once(id.to_string())
-                .chain(above.found.iter().cloned())
-                .collect();
-            crate::changes::record_member(&mut b, self.now(), member, Delta::Gained(gained));
-            self.write_changes(b).await?;
-            Ok(())
-        })
-        .await?;
-        if let Principal::Group(child) = member {
-            self.undo_if_cycle(id, child).await?;
-        }
-        Ok(())
-    }
-
-    /// After nesting `child` into `id`: two nesting changes that commit at
-    /// the same time can each pass the cycle check and close a cycle
-    /// together. Each checks again once committed and takes its own edge
-    /// back if it sees one, so no cycle stays (at least one of the two is
-    /// refused) — without serialising every nesting change on one row.
-    async fn undo_if_cycle(&self, id: &str, child: &str) -> Result<()> {
-        let above = self
+        let pending = self
             .retrying(|| async {
                 let mut snap = self.snapshot().await?;
-                self.groups_of(&mut snap, &Principal::Group(id.to_string()))
-                    .await
+                let member_row = match member {
+                    Principal::User(u) => schema::user_key(u),
+                    Principal::Group(g) => schema::group_key(g),
+                    _ => unreachable!("checked above"),
+                };
+                let m = member.to_string();
+                let gets = [schema::group_key(id), member_row, membership_key(&m, id)];
+                let (actor, own) = self.resolve(&mut snap, caller, &gets, &[]).await?;
+                actor.require_user()?;
+                let (group, _) = decode_group(&own.rows[0])?.ok_or_else(|| no_group(id))?;
+                if !manages(&actor, &group) {
+                    return Err(EngineError::Forbidden(format!(
+                        "only a manager of {id} may change it"
+                    )));
+                }
+                if member == &Principal::Group(id.to_string()) {
+                    return Err(EngineError::Conflict(
+                        "a group cannot contain itself".into(),
+                    ));
+                }
+                if own.rows[1].is_none() {
+                    return Err(EngineError::NotFound(format!("no such principal {member}")));
+                }
+                let key = membership_key(&m, id);
+                let held = own.rows[2]
+                    .as_ref()
+                    .map(|r| (r.version, Pending::of(&r.value)));
+                if let Principal::Group(child) = member {
+                    // A membership already kept needs no check again.
+                    if !matches!(held, Some((_, None))) {
+                        return self.nest_pending(&mut snap, id, child, held).await;
+                    }
+                }
+                let above = self
+                    .groups_of(&mut snap, &Principal::Group(id.into()))
+                    .await?;
+                if let Principal::User(_) = member {
+                    let mine = self.groups_of(&mut snap, member).await?;
+                    let mut after: BTreeSet<&str> = mine.found.iter().map(String::as_str).collect();
+                    after.insert(id);
+                    after.extend(above.found.iter().map(String::as_str));
+                    if above.truncated || mine.truncated {
+                        return Err(EngineError::Conflict(format!(
+                            "{member} or {id} already belongs to the most groups allowed"
+                        )));
+                    }
+                    if after.len() > MAX_GROUPS {
+                        return Err(EngineError::Conflict(format!(
+                            "{member} would belong to {} groups; at most {MAX_GROUPS}",
+                            after.len()
+                        )));
+                    }
+                }
+                // Where the feed ends before the member joins: changes up to
+                // there were never the member's through this group. A
+                // membership added again keeps its row, and its first join,
+                // guarded so that a leave meanwhile is not undone.
+                let joined = match held {
+                    Some((version, _)) => Err(Expect::Version(version)),
+                    None => Ok(membership_value(&snap.feed_end(CHANGES).await?)),
+                };
+                let gained = std::iter::once(id.to_string()).chain(above.found).collect();
+                drop(snap);
+                let mut b = Batch::new();
+                b.put(member_key(id, &m), schema::MARK.to_vec(), 1);
+                match joined {
+                    Ok(value) => b.put(key.clone(), value, 1).guard(key, Expect::Absent),
+                    Err(held) => b.guard(key, held),
+                };
+                crate::changes::record_member(&mut b, self.now(), member, Delta::Gained(gained));
+                self.write_changes(b).await?;
+                Ok(None)
             })
             .await?;
-        if !above.found.iter().any(|g| g == child) {
-            return Ok(());
+        match (member, pending) {
+            (Principal::Group(child), Some((mine, version))) => {
+                self.settle_nesting(id, child, mine, version).await
+            }
+            _ => Ok(()),
         }
-        let member = Principal::Group(child.to_string());
-        let m = member.to_string();
+    }
+
+    /// The first step of nesting `child` into `id`, once the caller may:
+    /// refuses it if the memberships say so, else writes it pending (over
+    /// `held`, a pending nesting of the same groups whose writer is taken
+    /// to have stopped). Answers the nesting and its rows' version.
+    async fn nest_pending(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        id: &str,
+        child: &str,
+        held: Option<(u64, Option<Pending>)>,
+    ) -> Result<Option<(Pending, u64)>> {
+        if let (Some(refusal), _) = self
+            .nesting_refusal(snap, id, child, Admit::Settled)
+            .await?
+        {
+            return Err(refusal);
+        }
+        let now = self.now() as u64;
+        let key = membership_key(&format!("group:{child}"), id);
+        let (expect, version) = match held {
+            None => (Expect::Absent, 1),
+            Some((v, Some(p))) if self.stopped(p, now) => (Expect::Version(v), v + 1),
+            // Another request is nesting the same groups: wait for it.
+            Some(_) => {
+                return Err(EngineError::Store(StoreError::Conflict(format!(
+                    "group:{child} is being added to {id}"
+                ))))
+            }
+        };
+        let mine = Pending {
+            stamp: now,
+            nonce: crate::random_u64(),
+        };
         let mut b = Batch::new();
-        b.delete(member_key(id, &m)).delete(membership_key(&m, id));
-        crate::changes::record_member(&mut b, self.now(), &member, Delta::Unknown);
-        self.retrying(|| self.write_changes(b.clone())).await?;
+        b.put(
+            member_key(id, &format!("group:{child}")),
+            mine.value(),
+            version,
+        )
+        .put(key.clone(), mine.value(), version)
+        .guard(key, expect);
+        self.store().write(b).await?;
+        Ok(Some((mine, version)))
+    }
+
+    /// Whether a pending nesting is older than a nesting change takes: its
+    /// writer stopped before checking it.
+    fn stopped(&self, p: Pending, now: u64) -> bool {
+        now.saturating_sub(p.stamp) > self.config().nesting_timeout.as_micros() as u64
+    }
+
+    /// The second step of nesting `child` into `id`: checks the pending
+    /// nesting `mine` (its rows at `version`) against the memberships and
+    /// every other pending nesting, then makes it a membership or takes it
+    /// back.
+    ///
+    /// Each nesting change writes its nesting pending, then reads. Of two
+    /// that could close a cycle (or nest too deep, or too wide) together,
+    /// the one that reads last sees the other. A change that sees a
+    /// conflict with a membership or with an earlier pending nesting is
+    /// refused; one whose conflict is only with later pending nestings
+    /// waits until they settle. So of two, the later one gives way, and a
+    /// change that saw no conflict is always right to keep its nesting:
+    /// any conflicting change it did not see sees it. Pending nestings make
+    /// no one a member, so one whose writer stopped changes nothing; once
+    /// older than [`EngineConfig::nesting_timeout`](crate::EngineConfig)
+    /// it is removed by the next change that meets it (guarded, so that a
+    /// late writer finds it gone instead of keeping it).
+    async fn settle_nesting(
+        &self,
+        id: &str,
+        child: &str,
+        mine: Pending,
+        version: u64,
+    ) -> Result<()> {
+        enum Verdict {
+            Keep(Vec<u8>, Vec<String>),
+            Refuse(EngineError),
+            Remove(Vec<Seen>),
+            Wait,
+            Lost,
+        }
+        let member = format!("group:{child}");
+        let key = membership_key(&member, id);
+        let take_back = || async {
+            let mut b = Batch::new();
+            b.delete(member_key(id, &member))
+                .delete(key.clone())
+                .guard(key.clone(), Expect::Version(version));
+            match self.store().write(b).await {
+                Err(StoreError::GuardFailed { .. }) => Ok(()),
+                other => other,
+            }
+        };
+        for wait in 0..NESTING_WAITS {
+            let verdict = self
+                .retrying(|| async {
+                    let mut snap = self.snapshot().await?;
+                    let own = snap.get(&key).await?;
+                    if !own.is_some_and(|r| {
+                        r.version == version && Pending::of(&r.value) == Some(mine)
+                    }) {
+                        return Ok(Verdict::Lost);
+                    }
+                    let (all, seen) = self
+                        .nesting_refusal(&mut snap, id, child, Admit::AllBut(mine))
+                        .await?;
+                    let now = self.now() as u64;
+                    let stopped: Vec<Seen> = seen
+                        .into_iter()
+                        .filter(|s| s.pending != mine && self.stopped(s.pending, now))
+                        .collect();
+                    if !stopped.is_empty() {
+                        return Ok(Verdict::Remove(stopped));
+                    }
+                    if all.is_none() {
+                        let joined = membership_value(&snap.feed_end(CHANGES).await?);
+                        let above = self
+                            .groups_of(&mut snap, &Principal::Group(id.into()))
+                            .await?;
+                        let gained = std::iter::once(id.to_string()).chain(above.found).collect();
+                        return Ok(Verdict::Keep(joined, gained));
+                    }
+                    for admit in [Admit::Settled, Admit::Before(mine)] {
+                        if let (Some(refusal), _) =
+                            self.nesting_refusal(&mut snap, id, child, admit).await?
+                        {
+                            return Ok(Verdict::Refuse(refusal));
+                        }
+                    }
+                    Ok(Verdict::Wait)
+                })
+                .await?;
+            match verdict {
+                Verdict::Keep(joined, gained) => {
+                    let mut b = Batch::new();
+                    b.put(member_key(id, &member), schema::MARK.to_vec(), version + 1)
+                        .put(key.clone(), joined, version + 1)
+                        .guard(key.clone(), Expect::Version(version));
+                    let as_member = Principal::Group(child.to_string());
+                    crate::changes::record_member(
+                        &mut b,
+                        self.now(),
+                        &as_member,
+                        Delta::Gained(gained),
+                    );
+                    match self.write_changes(b).await {
+                        Err(EngineError::Store(StoreError::GuardFailed { .. })) => continue,
+                        other => return other,
+                    }
+                }
+                Verdict::Refuse(refusal) => {
+                    take_back().await?;
+                    return Err(refusal);
+                }
+                Verdict::Remove(stopped) => {
+                    for s in stopped {
+                        let k = membership_key(&s.member, &s.group);
+                        let mut b = Batch::new();
+                        b.delete(member_key(&s.group, &s.member))
+                            .delete(k.clone())
+                            .guard(k, Expect::Version(s.version));
+                        match self.store().write(b).await {
+                            Err(StoreError::GuardFailed { .. }) | Ok(()) => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                }
+                Verdict::Wait => {
+                    let base = 2u64 << wait.min(6);
+                    let jitter = crate::random_u64() % base;
+                    tokio::time::sleep(Duration::from_millis(base + jitter)).await;
+                }
+                Verdict::Lost => {
+                    return Err(EngineError::Conflict(format!(
+                        "{member} in {id} was changed by another request meanwhile; try again"
+                    )))
+                }
+            }
+        }
+        take_back().await?;
         Err(EngineError::Conflict(format!(
-            "{member} came to contain {id} meanwhile: the membership would make a cycle"
+            "other changes nesting groups near {id} are still being checked; try again"
         )))
     }
 
@@ -393,8 +630,13 @@ impl Engine {
     }
 
     /// How many levels of groups lie above `group` (0: it is in no group).
-    async fn depth_above(&self, snap: &mut Box<dyn Snapshot>, group: &str) -> Result<usize> {
-        let mut walk = crate::actor::Walk::from(&Principal::Group(group.to_string()));
+    async fn depth_above(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        group: &str,
+        admit: Admit,
+    ) -> Result<usize> {
+        let mut walk = Walk::admitting(&Principal::Group(group.to_string()), admit);
         let mut depth = 0;
         while !walk.done() {
             let before = walk.found.len();
@@ -466,9 +708,11 @@ impl Engine {
         let mut members = Vec::with_capacity(limit);
         let mut last = None;
         for row in rows.into_iter().take(limit) {
-            let s = String::from_utf8(row.clustering.clone())
-                .map_err(|e| crate::error::corrupt("member", e))?;
-            members.push(s.parse()?);
+            if Admit::Settled.admits(&row.value) {
+                let s = String::from_utf8(row.clustering.clone())
+                    .map_err(|e| crate::error::corrupt("member", e))?;
+                members.push(s.parse()?);
+            }
             last = Some(row.clustering);
         }
         Ok(MemberPage {

@@ -152,6 +152,10 @@ pub struct EngineConfig {
     /// one that has not changed for six of these is taken to be a stopped
     /// node's, and its work is taken up.
     pub index_beat: Duration,
+    /// How long a group nesting written but not yet checked (see
+    /// `groups`) may hold up other nesting changes: one older than this
+    /// is taken to be a stopped node's, and removed.
+    pub nesting_timeout: Duration,
     /// Event streams open at once on one node.
     pub max_streams: usize,
     /// Event streams one user may hold open at once on one node.
@@ -179,6 +183,7 @@ impl Default for EngineConfig {
             sweep_every: Duration::from_secs(60),
             feed_retention: Duration::from_secs(7 * 24 * 3600),
             index_beat: Duration::from_secs(5),
+            nesting_timeout: Duration::from_secs(30),
             max_streams: 10_000,
             max_streams_per_user: 16,
             clock: Clock::System,

@@ -22,6 +22,7 @@ use sha2::Digest;
 use serde::{Deserialize, Serialize};
 use tarn_store::{Batch, Expect, Key, Row, Scan, SnapshotExt};
 
+use crate::actor::Admit;
 use crate::error::{EngineError, Result};
 use crate::indexes::{IndexDef, IndexState};
 use crate::schema::{self, ItemRow, BLOBS, GROUPS, ITEMS, MEMBERS, META, USERS};
@@ -158,7 +159,7 @@ impl Engine {
                 } else if table == GROUPS {
                     let group: Group = schema::decode("group", &row)?;
                     emit(Record::Group { group }, &mut moved)?;
-                } else if table == MEMBERS {
+                } else if table == MEMBERS && Admit::Settled.admits(&row.value) {
                     let member = text(&key.clustering)?.parse()?;
                     emit(
                         Record::Member {

@@ -263,6 +263,82 @@ async fn declare_as_an_outage_begins(e: &Engine, mode: &AtomicU8) -> Caller {
     alice
 }
 
+/// A node that stops between writing a group nesting and checking it
+/// leaves no membership behind, and holds up other nesting changes that
+/// meet it only until `nesting_timeout` (regression: a nesting was kept
+/// first and checked after, so a node stopping in between could leave a
+/// cycle, which `tarn import` then refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nesting_a_stopped_node_left_unchecked_makes_no_member() {
+    let timeout = std::time::Duration::from_secs(3);
+    let config = || tarn_engine::EngineConfig {
+        clock: tarn_engine::Clock::System,
+        nesting_timeout: timeout,
+        ..common::config()
+    };
+    let shared = tarn_store::memory::MemoryStore::new();
+    let (a, mode) = failing_with(shared.clone(), config());
+    let b = Engine::new(Arc::new(shared), config());
+    let owner = sign_up(&a, "owner").await;
+    let carol = sign_up(&a, "carol").await;
+    for g in ["outer", "inner"] {
+        a.create_group(&owner, g, None, Default::default())
+            .await
+            .unwrap();
+    }
+    a.add_member(&owner, "inner", &Principal::User("carol".into()))
+        .await
+        .unwrap();
+    mode.store(OUTAGE_AFTER_WRITE, Ordering::Relaxed);
+    let nest = |e: &Engine, group: &'static str, member: &'static str| {
+        let (e, owner) = (e.clone(), owner.clone());
+        async move {
+            e.add_member(&owner, group, &Principal::Group(member.into()))
+                .await
+        }
+    };
+    match nest(&a, "outer", "inner").await {
+        Err(EngineError::Unavailable(_)) => {}
+        other => panic!("the node lost its store after one write: {other:?}"),
+    }
+    assert_eq!(
+        mode.load(Ordering::Relaxed),
+        OUTAGE,
+        "the nesting was written"
+    );
+    // The node still running: carol is not in `outer`, nor is `inner`.
+    assert_eq!(
+        b.me(&carol).await.unwrap().groups,
+        vec!["inner".to_string()]
+    );
+    let members = |g: &'static str| {
+        let (b, owner) = (b.clone(), owner.clone());
+        async move { b.list_members(&owner, g, 10, None).await.unwrap().members }
+    };
+    assert_eq!(members("outer").await, vec![]);
+    // The opposite nesting waits for the stopped node's check, which
+    // could still come, until the timeout.
+    match nest(&b, "inner", "outer").await {
+        Err(EngineError::Conflict(m)) => assert!(m.contains("cycle"), "{m}"),
+        other => panic!("an unchecked nesting younger than the timeout: {other:?}"),
+    }
+    tokio::time::sleep(timeout).await;
+    nest(&b, "inner", "outer").await.unwrap();
+    assert_eq!(
+        members("inner").await,
+        vec![
+            Principal::Group("outer".into()),
+            Principal::User("carol".into())
+        ]
+    );
+    assert_eq!(members("outer").await, vec![]);
+    // The stopped node's nesting is gone: trying it again is a cycle.
+    match nest(&b, "outer", "inner").await {
+        Err(EngineError::Conflict(m)) => assert!(m.contains("cycle"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// An outage that starts as an index is declared leaves it building only
 /// while it lasts: the build is tried again until the store serves (it
 /// used to give up after its retries, and the index answered

@@ -235,18 +235,13 @@ async fn group_creation_is_rate_limited_per_user() {
         .unwrap();
 }
 
-/// Two nesting changes racing to close a cycle: at most one stays, and no
-/// cycle is ever left behind (without one row every nesting change takes).
+/// Two nesting changes racing to close a cycle: exactly one stays (the
+/// other is refused, never both), and no cycle is ever left behind
+/// (without one row every nesting change takes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_nestings_never_leave_a_cycle() {
     let (e, _dir) = common::sqlite();
-    let e = Engine::new(
-        e.store().clone(),
-        EngineConfig {
-            groups_per_hour: 10_000,
-            ..common::config()
-        },
-    );
+    let e = engine(e.store().clone());
     let owner = sign_up(&e, "owner").await;
     for round in 0..25 {
         let (a, b) = (format!("a{round}"), format!("b{round}"));
@@ -255,20 +250,9 @@ async fn concurrent_nestings_never_leave_a_cycle() {
                 .await
                 .unwrap();
         }
-        let one = {
-            let (e, owner, a, b) = (e.clone(), owner.clone(), a.clone(), b.clone());
-            tokio::spawn(async move { e.add_member(&owner, &a, &Principal::Group(b)).await })
-        };
-        let two = {
-            let (e, owner, a, b) = (e.clone(), owner.clone(), a.clone(), b.clone());
-            tokio::spawn(async move { e.add_member(&owner, &b, &Principal::Group(a)).await })
-        };
-        let (one, two) = (one.await.unwrap(), two.await.unwrap());
+        let (one, two) = at_once(&e, &owner, [(&a, &b), (&b, &a)]).await;
         let ok = [&one, &two].iter().filter(|r| r.is_ok()).count();
-        assert!(
-            ok <= 1,
-            "round {round}: both nestings stayed: {one:?} {two:?}"
-        );
+        assert_eq!(ok, 1, "round {round}: one nesting stays: {one:?} {two:?}");
         for r in [&one, &two] {
             if let Err(err) = r {
                 assert!(matches!(err, EngineError::Conflict(_)), "{err:?}");
@@ -286,7 +270,81 @@ async fn concurrent_nestings_never_leave_a_cycle() {
             .unwrap()
             .members
             .len();
-        assert!(a_in + b_in <= 1, "round {round}: a cycle was left");
-        assert_eq!(a_in + b_in, ok, "what was answered is what stayed");
+        assert_eq!(
+            a_in + b_in,
+            1,
+            "round {round}: what was answered is what stayed"
+        );
+    }
+}
+
+/// Adds `child` to `group` for each pair, all at once.
+async fn at_once(
+    e: &Engine,
+    owner: &Caller,
+    [(g1, c1), (g2, c2)]: [(&String, &String); 2],
+) -> (Result<(), EngineError>, Result<(), EngineError>) {
+    let add = |g: &String, c: &String| {
+        let (e, owner, g, c) = (e.clone(), owner.clone(), g.clone(), c.clone());
+        tokio::spawn(async move { e.add_member(&owner, &g, &Principal::Group(c)).await })
+    };
+    let (one, two) = (add(g1, c1), add(g2, c2));
+    (one.await.unwrap(), two.await.unwrap())
+}
+
+/// Two nesting changes that are each within the depth bound but together
+/// pass it: exactly one stays, and a user at the bottom still belongs to
+/// every group of the chain (regression: both stayed, 36 levels, and
+/// `tarn import` refused the exported store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_nestings_never_pass_the_depth_bound() {
+    let (e, _dir) = common::sqlite();
+    let e = engine(e.store().clone());
+    let owner = sign_up(&e, "owner").await;
+    for round in 0..6 {
+        // Three chains of 12, each group a member of the next: `x0` is
+        // 11 levels below `x11`.
+        let chain = |c: char, i: usize| format!("{c}{round}-{i}");
+        for c in ['a', 'b', 'c'] {
+            for i in 0..12 {
+                e.create_group(&owner, &chain(c, i), None, Default::default())
+                    .await
+                    .unwrap();
+            }
+            for i in 0..11 {
+                e.add_member(&owner, &chain(c, i + 1), &Principal::Group(chain(c, i)))
+                    .await
+                    .unwrap();
+            }
+        }
+        let user = format!("bottom{round}");
+        let bottom = sign_up(&e, &user).await;
+        e.add_member(&owner, &chain('c', 0), &Principal::User(user))
+            .await
+            .unwrap();
+        // `b` below `a`, and `c` below `b`: 24 levels each, 36 together.
+        let (b_under_a, c_under_b) = (
+            (chain('a', 0), chain('b', 11)),
+            (chain('b', 0), chain('c', 11)),
+        );
+        let (one, two) = at_once(
+            &e,
+            &owner,
+            [(&b_under_a.0, &b_under_a.1), (&c_under_b.0, &c_under_b.1)],
+        )
+        .await;
+        let ok = [&one, &two].iter().filter(|r| r.is_ok()).count();
+        assert_eq!(ok, 1, "round {round}: one nesting stays: {one:?} {two:?}");
+        for r in [&one, &two] {
+            if let Err(err) = r {
+                assert!(
+                    matches!(err, EngineError::Conflict(m) if m.contains("deep")),
+                    "{err:?}"
+                );
+            }
+        }
+        let groups = e.me(&bottom).await.unwrap().groups.len();
+        let expected = if two.is_ok() { 24 } else { 12 };
+        assert_eq!(groups, expected, "round {round}");
     }
 }
