@@ -2722,6 +2722,8 @@ export interface operations {
             header?: {
                 /** @description A link key of this item, instead of ?key= */
                 "Tarn-Link-Key"?: string;
+                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
+                "If-Match"?: string;
             };
             path: {
                 /** @description The item's id. */
@@ -2791,6 +2793,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Precondition Failed: `version-mismatch` */
+            412: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Payload Too Large: `too-large` */
             413: {
                 headers: {
@@ -2831,6 +2842,8 @@ export interface operations {
             header?: {
                 /** @description A link key of this item, instead of ?key= */
                 "Tarn-Link-Key"?: string;
+                /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
+                "If-Match"?: string;
             };
             path: {
                 /** @description The item's id. */
@@ -2880,6 +2893,15 @@ export interface operations {
             };
             /** @description Not Found: `not-found` */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Precondition Failed: `version-mismatch` */
+            412: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -488,13 +488,15 @@ impl Engine {
 
     /// Makes a link key giving `role` (viewer or editor) on the item
     /// (managers). The key is shown once; only its hash is stored. `link`:
-    /// a key presented with the request, as for [`Engine::set_acl`].
+    /// a key presented with the request, as for [`Engine::set_acl`];
+    /// `if_match`: the item's version the caller expects.
     pub async fn create_link(
         &self,
         caller: &Caller,
         id: &str,
         link: Option<&str>,
         role: Role,
+        if_match: Option<u64>,
     ) -> Result<String> {
         if role == Role::Manager {
             return Err(EngineError::InvalidInput(
@@ -519,6 +521,7 @@ impl Engine {
                 .await?;
             drop(snap);
             self.require_role(&a, Role::Manager, "making links")?;
+            check_version(&a.item, if_match)?;
             if own.scans[0].len() >= MAX_LINKS {
                 return Err(EngineError::Conflict(format!(
                     "an item has at most {MAX_LINKS} links; remove one first"
@@ -536,13 +539,15 @@ impl Engine {
     }
 
     /// Removes the link key `key` (managers). `link`: a key presented with
-    /// the request, as for [`Engine::set_acl`].
+    /// the request, as for [`Engine::set_acl`]; `if_match`: the item's
+    /// version the caller expects.
     pub async fn delete_link(
         &self,
         caller: &Caller,
         id: &str,
         link: Option<&str>,
         key: &str,
+        if_match: Option<u64>,
     ) -> Result<()> {
         let Some(k) = link_row(id, Some(key)) else {
             return Err(EngineError::NotFound("no such link".into()));
@@ -560,11 +565,15 @@ impl Engine {
                 .await?;
             drop(snap);
             self.require_role(&a, Role::Manager, "removing links")?;
+            check_version(&a.item, if_match)?;
             if own.rows[0].is_none() {
                 return Err(EngineError::NotFound("no such link".into()));
             }
             let mut b = Batch::new();
             b.delete(k.clone());
+            if if_match.is_some() {
+                b.guard(schema::item_key(id), Expect::Version(a.rev));
+            }
             self.store().write(b).await?;
             Ok(())
         })

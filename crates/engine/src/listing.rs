@@ -605,6 +605,8 @@ impl Engine {
         check_limit(q.limit)?;
         let mut fields: BTreeMap<String, Value> = BTreeMap::new();
         for (f, v) in &q.where_ {
+            // `kind` is the listing's kind, never a where field.
+            crate::indexes::check_fields(std::iter::once(f))?;
             if matches!(v, Value::Array(_) | Value::Object(_)) {
                 return Err(EngineError::InvalidInput(format!(
                     "where.{f}: a where value is a string, number, boolean or null"

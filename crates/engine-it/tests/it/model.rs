@@ -390,7 +390,7 @@ async fn apply(engine: &Engine, model: &mut Model, op: &Op) {
             let i = item % model.items.len();
             let want = item_outcome(model, *by, &model.items[i], Role::Manager);
             let r = engine
-                .create_link(&caller(Some(*by)), &model.items[i].id, None, *role)
+                .create_link(&caller(Some(*by)), &model.items[i].id, None, *role, None)
                 .await;
             assert_eq!(outcome(&r), want, "{op:?}: {r:?}");
             if let Ok(key) = r {

@@ -120,7 +120,11 @@ async fn wrong_roles_are_refused() {
             .map(drop),
     );
     forbidden(e.delete_item(&bob, id, None, None).await);
-    forbidden(e.create_link(&bob, id, None, Role::Viewer).await.map(drop));
+    forbidden(
+        e.create_link(&bob, id, None, Role::Viewer, None)
+            .await
+            .map(drop),
+    );
     forbidden(e.begin_body(&bob, id, None, "text/plain").await.map(drop));
     // An editor may edit but not share or delete.
     e.set_acl(
@@ -153,7 +157,7 @@ async fn wrong_roles_are_refused() {
         .await;
     assert!(matches!(r, Err(EngineError::Unauthenticated(_))), "{r:?}");
     // A link never gives manager.
-    let r = e.create_link(&alice, id, None, Role::Manager).await;
+    let r = e.create_link(&alice, id, None, Role::Manager, None).await;
     assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
 }
 

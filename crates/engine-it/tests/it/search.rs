@@ -502,7 +502,7 @@ async fn search_respects_sharing_and_sees_every_change() {
         .unwrap()
         .item
         .id;
-    e.create_link(&ann, &linked, None, Role::Viewer)
+    e.create_link(&ann, &linked, None, Role::Viewer, None)
         .await
         .unwrap();
     assert!(ids(&e, &bob, q("linked")).await.is_empty());

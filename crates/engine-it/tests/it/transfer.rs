@@ -197,7 +197,7 @@ async fn fill(e: &Engine) -> (Vec<String>, String, String) {
     up.write(&body).await.unwrap();
     up.finish(None).await.unwrap();
     let link = e
-        .create_link(&ann, &ids[0], None, Role::Viewer)
+        .create_link(&ann, &ids[0], None, Role::Viewer, None)
         .await
         .unwrap();
     e.delete_item(&ann, &ids[11], None, None).await.unwrap();

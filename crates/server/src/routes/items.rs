@@ -196,7 +196,7 @@ pub async fn set_acl(
 #[utoipa::path(
     post, path = "/api/v1/items/{id}/links", tag = "items", operation_id = "createLink",
     security((), ("bearer" = [])),
-    params(ItemPath, LinkKey),
+    params(ItemPath, LinkKey, IfMatch),
     request_body = json::NewLink,
     responses(
         (status = 201, description = "The key, shown once", body = json::Link, links(
@@ -207,20 +207,27 @@ pub async fn set_acl(
                 ("id" = "$request.path.id"), ("key" = "$response.body#/key"),
             ))),
         )),
-        BadRequest, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge,
-        UnsupportedMediaType, ServiceUnavailable,
+        BadRequest, Unauthorized, Forbidden, NotFound, Conflict, PreconditionFailed,
+        PayloadTooLarge, UnsupportedMediaType, ServiceUnavailable,
     ),
 )]
 pub async fn create_link(
     State(s): State<AppState>,
     auth: Auth,
     LinkKey(presented): LinkKey,
+    IfMatch(if_match): IfMatch,
     Path(ItemPath { id }): Path<ItemPath>,
     JsonBody(body): JsonBody<json::NewLink>,
 ) -> ApiResult<Response> {
     let key = s
         .engine
-        .create_link(&auth.caller, &id, presented.as_deref(), body.role.into())
+        .create_link(
+            &auth.caller,
+            &id,
+            presented.as_deref(),
+            body.role.into(),
+            if_match,
+        )
         .await?;
     Ok(reply(
         StatusCode::CREATED,
@@ -247,20 +254,21 @@ pub struct LinkPath {
 #[utoipa::path(
     delete, path = "/api/v1/items/{id}/links/{key}", tag = "items", operation_id = "deleteLink",
     security((), ("bearer" = [])),
-    params(LinkPath, LinkKey),
+    params(LinkPath, LinkKey, IfMatch),
     responses(
         (status = 204, description = "The key no longer works"),
-        BadRequest, Unauthorized, Forbidden, NotFound, ServiceUnavailable,
+        BadRequest, Unauthorized, Forbidden, NotFound, PreconditionFailed, ServiceUnavailable,
     ),
 )]
 pub async fn delete_link(
     State(s): State<AppState>,
     auth: Auth,
     LinkKey(presented): LinkKey,
+    IfMatch(if_match): IfMatch,
     Path(LinkPath { id, key }): Path<LinkPath>,
 ) -> ApiResult<StatusCode> {
     s.engine
-        .delete_link(&auth.caller, &id, presented.as_deref(), &key)
+        .delete_link(&auth.caller, &id, presented.as_deref(), &key, if_match)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -660,6 +660,52 @@ async fn acl_and_links() {
     )
     .await
     .expect(404);
+    // Link writes honour If-Match like every other write of the item.
+    let version = app
+        .get(&format!("/api/v1/items/{id}"), Some(&alice))
+        .await
+        .expect(200)
+        .json()["version"]
+        .as_u64()
+        .unwrap();
+    let (stale, current) = (format!("\"{}\"", version + 7), format!("\"{version}\""));
+    let make = |tag: &str| {
+        let (app, alice, links, tag) = (&app, &alice, &links, tag.to_string());
+        async move {
+            app.call_with(
+                Method::POST,
+                links,
+                Some(alice),
+                Some(json!({"role": "viewer"})),
+                &[("if-match", &tag)],
+            )
+            .await
+        }
+    };
+    let r = make(&stale).await.expect(412);
+    assert_eq!(r.json()["type"], "version-mismatch");
+    let key = make(&current).await.expect(201).json()["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let remove = |tag: &str| {
+        let (app, alice, path, tag) = (&app, &alice, format!("{links}/{key}"), tag.to_string());
+        async move {
+            app.call_with(
+                Method::DELETE,
+                &path,
+                Some(alice),
+                None,
+                &[("if-match", &tag)],
+            )
+            .await
+        }
+    };
+    remove(&stale).await.expect(412);
+    app.get(&format!("/api/v1/items/{id}?key={key}"), None)
+        .await
+        .expect(200);
+    remove(&current).await.expect(204);
 }
 
 #[tokio::test]
@@ -868,6 +914,7 @@ async fn listings_indexes_and_cursors() {
         "sort=a%00",
         "sort=a&where.b..c=1",
         "where.x.=1",
+        "where.kind=nope",
         "sort=kind",
         "sort=a,b,c,d,e&where.f=1&where.g=1&where.h=1&where.i=1",
     ] {
