@@ -861,10 +861,10 @@ impl Engine {
     /// name no one can declare (`~` and its uid) until its rows are gone,
     /// so an index of the same name can be declared while they go.
     pub async fn drop_index(&self, caller: &Caller, name: &str) -> Result<()> {
-        if name.starts_with('_') {
+        if builtins().iter().any(|d| d.name == name) {
             return Err(EngineError::InvalidInput("built-in indexes stay".into()));
         }
-        if !crate::model::is_valid_name(name) {
+        if name.starts_with('_') || !crate::model::is_valid_name(name) {
             return Err(EngineError::NotFound(format!("no index {name}")));
         }
         let dropping = self

@@ -783,6 +783,7 @@ pub enum Order {
 
 /// One sort field of an index.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SortField {
     /// `createdAt`, `modifiedAt`, `createdBy` or a dot path into `properties`.
     #[schema(value_type = FieldName)]

@@ -944,6 +944,23 @@ async fn listings_indexes_and_cursors() {
         .expect(201);
     assert_eq!(r.json()["state"], "building");
     app.wait_index(&admin, "homes-by-name").await;
+    // A sort field takes `field` and `order`, nothing else; built-in
+    // indexes stay, and a name that is none of them is not found.
+    let odd = json!({"kind": "user-home", "sort": [{"field": "x", "order": "asc", "x": 1}]});
+    app.call(Method::PUT, "/api/v1/indexes/odd", Some(&admin), Some(odd))
+        .await
+        .expect(400);
+    for (name, status) in [
+        ("_kind", 400),
+        ("_shared", 400),
+        ("_nope", 404),
+        ("nope", 404),
+    ] {
+        let path = format!("/api/v1/indexes/{name}");
+        app.call(Method::DELETE, &path, Some(&admin), None)
+            .await
+            .expect(status);
+    }
     app.call(
         Method::PUT,
         "/api/v1/indexes/homes-by-name",
