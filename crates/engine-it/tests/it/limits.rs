@@ -241,9 +241,24 @@ async fn group_creation_is_rate_limited_per_user() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_nestings_never_leave_a_cycle() {
     let (e, _dir) = common::sqlite();
-    let e = engine(e.store().clone());
+    nestings_racing_to_a_cycle(engine(e.store().clone()), 25).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_nestings_never_leave_a_cycle_on_postgres() {
+    let store: Arc<dyn Store> = Arc::new(common::postgres_store().await);
+    nestings_racing_to_a_cycle(engine(store), 10).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_nestings_never_leave_a_cycle_on_cassandra() {
+    let store: Arc<dyn Store> = Arc::new(common::cassandra_store().await);
+    nestings_racing_to_a_cycle(engine(store), 5).await;
+}
+
+async fn nestings_racing_to_a_cycle(e: Engine, rounds: usize) {
     let owner = sign_up(&e, "owner").await;
-    for round in 0..25 {
+    for round in 0..rounds {
         let (a, b) = (format!("a{round}"), format!("b{round}"));
         for g in [&a, &b] {
             e.create_group(&owner, g, None, Default::default())
@@ -299,9 +314,18 @@ async fn at_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_nestings_never_pass_the_depth_bound() {
     let (e, _dir) = common::sqlite();
-    let e = engine(e.store().clone());
+    nestings_racing_past_the_depth_bound(engine(e.store().clone()), 6).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_nestings_never_pass_the_depth_bound_on_postgres() {
+    let store: Arc<dyn Store> = Arc::new(common::postgres_store().await);
+    nestings_racing_past_the_depth_bound(engine(store), 3).await;
+}
+
+async fn nestings_racing_past_the_depth_bound(e: Engine, rounds: usize) {
     let owner = sign_up(&e, "owner").await;
-    for round in 0..6 {
+    for round in 0..rounds {
         // Three chains of 12, each group a member of the next: `x0` is
         // 11 levels below `x11`.
         let chain = |c: char, i: usize| format!("{c}{round}-{i}");
