@@ -88,6 +88,13 @@ impl FromRequestParts<AppState> for Auth {
                 }),
             };
         };
+        if parts.headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
+            // Which one a proxy or client meant cannot be told.
+            return Err(ApiError::new(
+                Code::Unauthenticated,
+                "send one Authorization header",
+            ));
+        }
         let token = value
             .to_str()
             .ok()

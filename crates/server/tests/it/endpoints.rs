@@ -1458,6 +1458,21 @@ async fn the_bearer_scheme_is_case_insensitive() {
             .unwrap();
         app.raw(req).await.expect(401);
     }
+    // Two Authorization headers, whichever comes first: which one was
+    // meant cannot be told.
+    for pair in [
+        [format!("Bearer {alice}"), "Bearer nope.x".into()],
+        ["Bearer nope.x".into(), format!("Bearer {alice}")],
+    ] {
+        let req = Request::builder()
+            .uri("/api/v1/me")
+            .header("authorization", &pair[0])
+            .header("authorization", &pair[1])
+            .body(Body::empty())
+            .unwrap();
+        let r = app.raw(req).await.expect(401);
+        assert_eq!(r.json()["type"], "unauthenticated");
+    }
 }
 
 #[tokio::test]
