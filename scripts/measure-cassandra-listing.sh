@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Newest-first (Q1) against by-last-name (Q2) listings of user homes on a
+# Newest-first (Q1, a reversed slice) and oldest-first (forward), by last
+# name (Q2, forward) and its reverse, one item read and /me, on a
 # throwaway three-node Cassandra cluster, at 500 and at 5,000 homes, each
 # after a flush and a major compaction, then again at 5,000 homes with the
 # row index made coarse (64 KiB, Cassandra's default for big sstables) and
 # the sstables rewritten. Per query: p50 of 200 requests by one client, and
-# the CPU of the Tarn node and the three Cassandra nodes per request (from
-# /proc, which shared-machine noise moves less than latency).
+# the CPU of the Tarn node and of the three Cassandra nodes per request
+# (from /proc, which shared-machine noise moves less than latency).
 #   scripts/measure-cassandra-listing.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,15 +63,21 @@ elif cmd == "grow":
 else:
     label, pids = sys.argv[3], sys.argv[4:]
     def cpu():
-        total = 0
+        out = []
         for pid in pids:
             f = open(f"/proc/{pid}/stat").read()
             f = f[f.rfind(")") + 2:].split()
-            total += int(f[11]) + int(f[12])
-        return total / os.sysconf("SC_CLK_TCK")
+            out.append((int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK"))
+        return out
     c = conn(); reader = token(c, "reader", "reader-password")
-    for name, url in [("Q1 newest", "/api/v1/items?kind=user-home&limit=25"),
-                      ("Q2 by last name", f"/api/v1/items?kind=user-home&limit=25&sort={FIELD}")] * 2:
+    s, b = req(c, "GET", "/api/v1/items?kind=user-home&limit=1", None, reader)
+    one = json.loads(b)["items"][0]["id"]
+    for name, url in [("Q1 newest (rev)", "/api/v1/items?kind=user-home&limit=25"),
+                      ("Q1 oldest (fwd)", "/api/v1/items?kind=user-home&limit=25&sort=modifiedAt"),
+                      ("Q2 by last name", f"/api/v1/items?kind=user-home&limit=25&sort={FIELD}"),
+                      ("Q2 desc (rev)", f"/api/v1/items?kind=user-home&limit=25&sort=-{FIELD}"),
+                      ("item read", f"/api/v1/items/{one}"),
+                      ("me", "/api/v1/me")] * 2:
         for _ in range(20):
             req(c, "GET", url, None, reader)
         times, c0 = [], cpu()
@@ -78,7 +85,8 @@ else:
             t = time.perf_counter(); s, _ = req(c, "GET", url, None, reader)
             times.append(time.perf_counter() - t); assert s == 200, s
         c1 = cpu(); times.sort()
-        print(f"{label:<22} {name:<16} p50 {times[100] * 1e3:7.2f} ms   CPU a request {(c1 - c0) / 200 * 1e3:7.2f} ms", flush=True)
+        d = [(b - a) / 200 * 1e3 for a, b in zip(c0, c1)]
+        print(f"{label:<22} {name:<16} p50 {times[100] * 1e3:7.2f} ms   CPU tarn {d[0]:6.2f} cass {sum(d[1:]):7.2f} ms", flush=True)
 PY
 }
 echo "column_index_size: $("$TARN_TEST_CASSANDRA_CTL" nodetool 1 getcolumnindexsize 2>/dev/null | tail -1)"
