@@ -100,7 +100,7 @@ pub(crate) fn join_cursor(value: &[u8]) -> Option<Vec<u8>> {
 /// orders two of them alike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Pending {
-    /// Milliseconds since the epoch, on the writer's clock.
+    /// Microseconds since the epoch, on the writer's clock.
     pub stamp: u64,
     pub nonce: u64,
 }

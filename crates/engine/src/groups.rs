@@ -10,9 +10,9 @@
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
-use std::time::Duration;
 
 use tarn_store::{Batch, Expect, Key, Scan, Snapshot, SnapshotExt, StoreError};
 
@@ -28,6 +28,14 @@ const MAX_NESTED_BELOW: usize = 1000;
 /// Most times a nesting change looks again at later pending nestings it
 /// conflicts with before it gives up (about 7 s).
 const NESTING_WAITS: u32 = 40;
+
+/// A pause before looking again at pending nestings: 4, 8, ... ms, at
+/// most 128, and as much again of jitter.
+async fn nesting_pause(wait: u32) {
+    let base = 2u64 << wait.min(6);
+    let jitter = crate::random_u64() % base;
+    tokio::time::sleep(Duration::from_millis(base + jitter)).await;
+}
 /// Most managers of one group.
 pub(crate) const MAX_MANAGERS: usize = 256;
 
@@ -328,6 +336,18 @@ impl Engine {
                 ))
             }
         }
+        // The nesting this request writes pending, if it nests a group:
+        // made once, so that a write run again after an unknown outcome
+        // knows its own row.
+        let mine = (
+            Pending {
+                stamp: self.now() as u64,
+                nonce: crate::random_u64(),
+            },
+            // A version no other write of the row gives it, so that a
+            // guard on it matches this request's row and no later one.
+            (crate::random_u64() >> 2).max(2),
+        );
         let pending = self
             .retrying(|| async {
                 let mut snap = self.snapshot().await?;
@@ -361,7 +381,7 @@ impl Engine {
                 if let Principal::Group(child) = member {
                     // A membership already kept needs no check again.
                     if !matches!(held, Some((_, None))) {
-                        return self.nest_pending(&mut snap, id, child, held).await;
+                        return self.nest_pending(&mut snap, id, child, held, mine).await;
                     }
                 }
                 let above = self
@@ -407,44 +427,50 @@ impl Engine {
             .await?;
         match (member, pending) {
             (Principal::Group(child), Some((mine, version))) => {
-                self.settle_nesting(id, child, mine, version).await
+                // Run to its end even if the request is dropped: a
+                // nesting left pending holds up others until it times out.
+                let (e, id, child) = (self.clone(), id.to_string(), child.clone());
+                tokio::spawn(async move { e.settle_nesting(&id, &child, mine, version).await })
+                    .await
+                    .map_err(|e| EngineError::Unavailable(format!("nesting check failed: {e}")))?
             }
             _ => Ok(()),
         }
     }
 
     /// The first step of nesting `child` into `id`, once the caller may:
-    /// refuses it if the memberships say so, else writes it pending (over
-    /// `held`, a pending nesting of the same groups whose writer is taken
-    /// to have stopped). Answers the nesting and its rows' version.
+    /// refuses it if the memberships say so, else writes `mine` pending
+    /// (over `held`, a pending nesting of the same groups whose writer is
+    /// taken to have stopped, or this request's own from an attempt whose
+    /// outcome was unknown). Answers the nesting and its rows' version.
     async fn nest_pending(
         &self,
         snap: &mut Box<dyn Snapshot>,
         id: &str,
         child: &str,
         held: Option<(u64, Option<Pending>)>,
+        (mine, version): (Pending, u64),
     ) -> Result<Option<(Pending, u64)>> {
+        if held == Some((version, Some(mine))) {
+            return Ok(Some((mine, version)));
+        }
         if let (Some(refusal), _) = self
             .nesting_refusal(snap, id, child, Admit::Settled)
             .await?
         {
             return Err(refusal);
         }
-        let now = self.now() as u64;
         let key = membership_key(&format!("group:{child}"), id);
-        let (expect, version) = match held {
-            None => (Expect::Absent, 1),
-            Some((v, Some(p))) if self.stopped(p, now) => (Expect::Version(v), v + 1),
-            // Another request is nesting the same groups: wait for it.
+        let expect = match held {
+            None => Expect::Absent,
+            Some((v, Some(p))) if self.stopped(p, self.now() as u64) => Expect::Version(v),
+            // Another request is writing the same row: a write conflict,
+            // run again (bounded) until that request is done with it.
             Some(_) => {
                 return Err(EngineError::Store(StoreError::Conflict(format!(
                     "group:{child} is being added to {id}"
                 ))))
             }
-        };
-        let mine = Pending {
-            stamp: now,
-            nonce: crate::random_u64(),
         };
         let mut b = Batch::new();
         b.put(
@@ -474,14 +500,42 @@ impl Engine {
     /// the one that reads last sees the other. A change that sees a
     /// conflict with a membership or with an earlier pending nesting is
     /// refused; one whose conflict is only with later pending nestings
-    /// waits until they settle. So of two, the later one gives way, and a
-    /// change that saw no conflict is always right to keep its nesting:
-    /// any conflicting change it did not see sees it. Pending nestings make
-    /// no one a member, so one whose writer stopped changes nothing; once
-    /// older than [`EngineConfig::nesting_timeout`](crate::EngineConfig)
-    /// it is removed by the next change that meets it (guarded, so that a
-    /// late writer finds it gone instead of keeping it).
+    /// waits for them (a bounded time, then it is refused too). So of two,
+    /// the later one gives way, and a change that saw no conflict is right
+    /// to keep its nesting: any conflicting change it did not see sees it.
+    /// A pending nesting makes no one a member; one whose writer stopped
+    /// holds up the nestings it conflicts with until it is older than
+    /// [`EngineConfig::nesting_timeout`](crate::EngineConfig), when the
+    /// next change that meets it removes it (guarded on its version, which
+    /// no other write repeats, so that a late writer finds it gone).
     async fn settle_nesting(
+        &self,
+        id: &str,
+        child: &str,
+        mine: Pending,
+        version: u64,
+    ) -> Result<()> {
+        let outcome = self.settle_or_refuse(id, child, mine, version).await;
+        if outcome.is_err() {
+            // Refused, or the store failed: the nesting goes (if the store
+            // lets it; else it times out).
+            let member = format!("group:{child}");
+            let key = membership_key(&member, id);
+            let mut b = Batch::new();
+            b.delete(member_key(id, &member))
+                .delete(key.clone())
+                .guard(key, Expect::Version(version));
+            if let Err(e) = self.store().write(b).await {
+                if !matches!(e, StoreError::GuardFailed { .. }) {
+                    tracing::warn!(error = %e, "a refused nesting stays pending until it times out");
+                }
+            }
+        }
+        outcome.map_err(EngineError::settle)
+    }
+
+    /// [`Engine::settle_nesting`] but for taking a refused nesting back.
+    async fn settle_or_refuse(
         &self,
         id: &str,
         child: &str,
@@ -497,16 +551,6 @@ impl Engine {
         }
         let member = format!("group:{child}");
         let key = membership_key(&member, id);
-        let take_back = || async {
-            let mut b = Batch::new();
-            b.delete(member_key(id, &member))
-                .delete(key.clone())
-                .guard(key.clone(), Expect::Version(version));
-            match self.store().write(b).await {
-                Err(StoreError::GuardFailed { .. }) => Ok(()),
-                other => other,
-            }
-        };
         for wait in 0..NESTING_WAITS {
             let verdict = self
                 .retrying(|| async {
@@ -536,14 +580,15 @@ impl Engine {
                         let gained = std::iter::once(id.to_string()).chain(above.found).collect();
                         return Ok(Verdict::Keep(joined, gained));
                     }
-                    for admit in [Admit::Settled, Admit::Before(mine)] {
-                        if let (Some(refusal), _) =
-                            self.nesting_refusal(&mut snap, id, child, admit).await?
-                        {
-                            return Ok(Verdict::Refuse(refusal));
-                        }
+                    // Memberships and earlier pending nestings (this
+                    // counts the memberships too).
+                    match self
+                        .nesting_refusal(&mut snap, id, child, Admit::Before(mine))
+                        .await?
+                    {
+                        (Some(refusal), _) => Ok(Verdict::Refuse(refusal)),
+                        (None, _) => Ok(Verdict::Wait),
                     }
-                    Ok(Verdict::Wait)
                 })
                 .await?;
             match verdict {
@@ -560,15 +605,20 @@ impl Engine {
                         Delta::Gained(gained),
                     );
                     match self.write_changes(b).await {
-                        Err(EngineError::Store(StoreError::GuardFailed { .. })) => continue,
+                        // Looked at again: kept by an attempt whose outcome
+                        // was unknown, or lost.
+                        Err(EngineError::Store(StoreError::GuardFailed { .. })) => {
+                            if self.kept(&key, version).await? {
+                                return Ok(());
+                            }
+                            continue;
+                        }
                         other => return other,
                     }
                 }
-                Verdict::Refuse(refusal) => {
-                    take_back().await?;
-                    return Err(refusal);
-                }
+                Verdict::Refuse(refusal) => return Err(refusal),
                 Verdict::Remove(stopped) => {
+                    let mut removed = false;
                     for s in stopped {
                         let k = membership_key(&s.member, &s.group);
                         let mut b = Batch::new();
@@ -576,27 +626,45 @@ impl Engine {
                             .delete(k.clone())
                             .guard(k, Expect::Version(s.version));
                         match self.store().write(b).await {
-                            Err(StoreError::GuardFailed { .. }) | Ok(()) => {}
+                            Ok(()) => removed = true,
+                            Err(StoreError::GuardFailed { .. }) => {}
                             Err(e) => return Err(e.into()),
                         }
                     }
+                    // Removed: look again at once. Else its rows are being
+                    // changed (on Cassandra, a write half done that a
+                    // reader or the sweeper completes): wait.
+                    if !removed {
+                        nesting_pause(wait).await;
+                    }
                 }
-                Verdict::Wait => {
-                    let base = 2u64 << wait.min(6);
-                    let jitter = crate::random_u64() % base;
-                    tokio::time::sleep(Duration::from_millis(base + jitter)).await;
-                }
+                Verdict::Wait => nesting_pause(wait).await,
                 Verdict::Lost => {
+                    if self.kept(&key, version).await? {
+                        return Ok(());
+                    }
                     return Err(EngineError::Conflict(format!(
                         "{member} in {id} was changed by another request meanwhile; try again"
-                    )))
+                    )));
                 }
             }
         }
-        take_back().await?;
         Err(EngineError::Conflict(format!(
             "other changes nesting groups near {id} are still being checked; try again"
         )))
+    }
+
+    /// Whether the membership row `key` is the one this request's nesting
+    /// at `version` was kept as.
+    async fn kept(&self, key: &Key, version: u64) -> Result<bool> {
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            Ok(snap
+                .get(key)
+                .await?
+                .is_some_and(|r| r.version == version + 1 && Pending::of(&r.value).is_none()))
+        })
+        .await
     }
 
     /// What a user loses by leaving `id`: the groups it reaches now and

@@ -154,7 +154,9 @@ pub struct EngineConfig {
     pub index_beat: Duration,
     /// How long a group nesting written but not yet checked (see
     /// `groups`) may hold up other nesting changes: one older than this
-    /// is taken to be a stopped node's, and removed.
+    /// is taken to be a stopped node's, and removed. Keep it longer than
+    /// the clocks of two nodes may differ, and than a Cassandra write's
+    /// intent may wait for the sweeper.
     pub nesting_timeout: Duration,
     /// Event streams open at once on one node.
     pub max_streams: usize,
@@ -183,7 +185,7 @@ impl Default for EngineConfig {
             sweep_every: Duration::from_secs(60),
             feed_retention: Duration::from_secs(7 * 24 * 3600),
             index_beat: Duration::from_secs(5),
-            nesting_timeout: Duration::from_secs(30),
+            nesting_timeout: Duration::from_secs(60),
             max_streams: 10_000,
             max_streams_per_user: 16,
             clock: Clock::System,

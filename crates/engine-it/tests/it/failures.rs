@@ -316,8 +316,8 @@ async fn a_nesting_a_stopped_node_left_unchecked_makes_no_member() {
         async move { b.list_members(&owner, g, 10, None).await.unwrap().members }
     };
     assert_eq!(members("outer").await, vec![]);
-    // The opposite nesting waits for the stopped node's check, which
-    // could still come, until the timeout.
+    // The opposite nesting is refused while the stopped node's nesting,
+    // which its check could still keep, is younger than the timeout.
     match nest(&b, "inner", "outer").await {
         Err(EngineError::Conflict(m)) => assert!(m.contains("cycle"), "{m}"),
         other => panic!("an unchecked nesting younger than the timeout: {other:?}"),
