@@ -519,13 +519,7 @@ impl Engine {
         if outcome.is_err() {
             // Refused, or the store failed: the nesting goes (if the store
             // lets it; else it times out).
-            let member = format!("group:{child}");
-            let key = membership_key(&member, id);
-            let mut b = Batch::new();
-            b.delete(member_key(id, &member))
-                .delete(key.clone())
-                .guard(key, Expect::Version(version));
-            if let Err(e) = self.store().write(b).await {
+            if let Err(e) = self.take_back(id, &format!("group:{child}"), version).await {
                 if !matches!(e, StoreError::GuardFailed { .. }) {
                     tracing::warn!(error = %e, "a refused nesting stays pending until it times out");
                 }
@@ -620,12 +614,7 @@ impl Engine {
                 Verdict::Remove(stopped) => {
                     let mut removed = false;
                     for s in stopped {
-                        let k = membership_key(&s.member, &s.group);
-                        let mut b = Batch::new();
-                        b.delete(member_key(&s.group, &s.member))
-                            .delete(k.clone())
-                            .guard(k, Expect::Version(s.version));
-                        match self.store().write(b).await {
+                        match self.take_back(&s.group, &s.member, s.version).await {
                             Ok(()) => removed = true,
                             Err(StoreError::GuardFailed { .. }) => {}
                             Err(e) => return Err(e.into()),
@@ -652,6 +641,22 @@ impl Engine {
         Err(EngineError::Conflict(format!(
             "other changes nesting groups near {id} are still being checked; try again"
         )))
+    }
+
+    /// Removes the pending nesting of `member` in `group` written at
+    /// `version`; `GuardFailed` if its rows are no longer that write's.
+    async fn take_back(
+        &self,
+        group: &str,
+        member: &str,
+        version: u64,
+    ) -> std::result::Result<(), StoreError> {
+        let key = membership_key(member, group);
+        let mut b = Batch::new();
+        b.delete(member_key(group, member))
+            .delete(key.clone())
+            .guard(key, Expect::Version(version));
+        self.store().write(b).await
     }
 
     /// Whether the membership row `key` is the one this request's nesting

@@ -156,7 +156,11 @@
 //! the keyspace (created with `SimpleStrategy` and replication factor `N`,
 //! default 3, when missing) and the table are created at connect time by
 //! whichever process gets there first; the table's id is derived from the
-//! keyspace name so that concurrent creators agree. An existing keyspace is
+//! keyspace name so that concurrent creators agree. The table compacts
+//! leveled (`LeveledCompactionStrategy`): a listing's slices then read a few
+//! sstables however much was written, where size-tiered compaction let them
+//! grow with the pool; the store warns at connect about a table that
+//! compacts otherwise. An existing keyspace is
 //! used as it is: create it yourself, with `NetworkTopologyStrategy`, to
 //! span datacenters (`QUORUM` then spans them too).
 
@@ -281,6 +285,7 @@ impl Clock {
 
 struct Inner {
     session: Session,
+    keyspace: String,
     st: Statements,
     options: CassandraOptions,
     clock: Clock,
@@ -331,9 +336,20 @@ impl CassandraStore {
             }
             Err(e) => tracing::debug!(error = %e, "cassandra store: cannot read column_index_size"),
         }
+        match schema::compaction_class(&session, &target.keyspace).await {
+            Ok(class) => {
+                if let Some(advice) = schema::compaction_advice(&target.keyspace, &class) {
+                    tracing::warn!("cassandra store: {advice}");
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cassandra store: cannot read the table's compaction")
+            }
+        }
         let st = Statements::prepare(&session, &target.keyspace).await?;
         let inner = Arc::new(Inner {
             session,
+            keyspace: target.keyspace.clone(),
             st,
             options,
             clock: Clock {
@@ -362,6 +378,13 @@ impl CassandraStore {
     /// the whole partition; the store warns at connect when it is larger.
     pub async fn column_index_size(&self) -> StoreResult<Option<String>> {
         schema::column_index_size(&self.inner.session).await
+    }
+
+    /// The compaction class of the store's table (fully qualified, as
+    /// Cassandra's schema names it): `LeveledCompactionStrategy` for a table
+    /// the store made; the store warns at connect when it is another.
+    pub async fn compaction_class(&self) -> StoreResult<String> {
+        schema::compaction_class(&self.inner.session, &self.inner.keyspace).await
     }
 
     /// How many intents (guarded batches not yet completed) exist, up to

@@ -86,7 +86,8 @@ pub(crate) async fn ensure(session: &Session, target: &Target) -> StoreResult<()
                  tbl text, part blob, kind tinyint, clus blob,
                  value blob, version bigint, intent_at bigint,
                  PRIMARY KEY ((tbl, part), kind, clus)
-             ) WITH ID = {} AND comment = 'Tarn store rows (tarn-store-cassandra)'",
+             ) WITH ID = {} AND comment = 'Tarn store rows (tarn-store-cassandra)' \
+               AND compaction = {{'class': '{COMPACTION}'}}",
             table_id(ks)
         ),
         format!(
@@ -311,6 +312,51 @@ fn serial(mut s: PreparedStatement) -> PreparedStatement {
 /// at most one 4 KiB block more than it returns.
 pub(crate) const COLUMN_INDEX_BYTES: u64 = 4 * 1024;
 
+/// How the table compacts. Leveled compaction keeps a partition's rows in
+/// at most one sstable a level, so a listing's slices read a few sstables
+/// however much was written, also while compaction catches up after a
+/// burst of writes; size-tiered (Cassandra's default) lets a partition
+/// spread over more sstables until they are merged, and listings measured
+/// slower as the pool grew (the README, issue 12).
+pub(crate) const COMPACTION: &str = "LeveledCompactionStrategy";
+
+/// The compaction class of the keyspace's table, as the schema names it
+/// (`org.apache.cassandra.db.compaction.` and the class).
+pub(crate) async fn compaction_class(session: &Session, keyspace: &str) -> StoreResult<String> {
+    let mut q = Statement::new(
+        "SELECT compaction FROM system_schema.tables WHERE keyspace_name = ? AND table_name = ?",
+    );
+    q.set_consistency(Consistency::One);
+    let r = session
+        .query_unpaged(q, (keyspace, TABLE))
+        .await
+        .map_err(map_exec)?;
+    let rows = r
+        .into_rows_result()
+        .map_err(|e| StoreError::Other(format!("expected rows: {e}")))?;
+    let row = rows
+        .maybe_first_row::<(Option<std::collections::HashMap<String, String>>,)>()
+        .map_err(|e| StoreError::Other(format!("schema row: {e}")))?;
+    Ok(row
+        .and_then(|(m,)| m)
+        .and_then(|mut m| m.remove("class"))
+        .unwrap_or_default())
+}
+
+/// Why a table compacting with `class` makes listings costlier, or `None`
+/// when it compacts as [`COMPACTION`] (a table made before Tarn asked for
+/// it keeps what it had).
+pub(crate) fn compaction_advice(keyspace: &str, class: &str) -> Option<String> {
+    if class.rsplit('.').next() == Some(COMPACTION) {
+        return None;
+    }
+    Some(format!(
+        "table {keyspace}.{TABLE} compacts with {class}: a listing reads more sstables as \
+         the pool grows; run `ALTER TABLE {keyspace}.{TABLE} WITH compaction = \
+         {{'class': '{COMPACTION}'}}`"
+    ))
+}
+
 /// The coordinator's `column_index_size` (`None` when unset: Cassandra
 /// then uses its default for the sstable format).
 pub(crate) async fn column_index_size(session: &Session) -> StoreResult<Option<String>> {
@@ -412,5 +458,18 @@ mod tests {
         );
         assert!(column_index_advice(Some("8KiB")).is_some());
         assert!(column_index_advice(Some("garbage")).is_some());
+    }
+
+    #[test]
+    fn a_table_compacting_otherwise_than_leveled_is_advised_against() {
+        let lcs = "org.apache.cassandra.db.compaction.LeveledCompactionStrategy";
+        assert!(compaction_advice("tarn", lcs).is_none());
+        let stcs = "org.apache.cassandra.db.compaction.SizeTieredCompactionStrategy";
+        let advice = compaction_advice("tarn", stcs).unwrap();
+        assert!(
+            advice.contains("SizeTiered") && advice.contains("ALTER TABLE tarn.rows"),
+            "{advice}"
+        );
+        assert!(compaction_advice("tarn", "").is_some());
     }
 }

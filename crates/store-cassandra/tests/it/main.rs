@@ -76,3 +76,15 @@ async fn the_cluster_indexes_partition_rows_every_4_kib() {
         Some("4KiB")
     );
 }
+
+/// The store's table compacts leveled, so that a listing reads a few
+/// sstables however much was written (see the crate docs).
+#[tokio::test]
+async fn the_table_compacts_leveled() {
+    let _g = CLUSTER.read().await;
+    let s = connect(&fresh_url(), options()).await;
+    assert_eq!(
+        s.compaction_class().await.unwrap(),
+        "org.apache.cassandra.db.compaction.LeveledCompactionStrategy"
+    );
+}
