@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Newest-first (Q1, a reversed slice) and oldest-first (forward), by last
-# name (Q2, forward) and its reverse, one item read and /me, on a
-# throwaway three-node Cassandra cluster, at 500 and at 5,000 homes, each
-# after a flush and a major compaction, then again at 5,000 homes with the
-# row index made coarse (64 KiB, Cassandra's default for big sstables) and
-# the sstables rewritten. Per query: p50 of 200 requests by one client, and
-# the CPU of the Tarn node and of the three Cassandra nodes per request
-# (from /proc, which shared-machine noise moves less than latency).
+# name (Q2, forward), its next page (Q3) and its reverse, one item read and
+# /me, on a throwaway three-node Cassandra cluster, at 500 and at 5,000
+# homes, each after a flush and a major compaction, then again at 5,000
+# homes with the row index made coarse (64 KiB, Cassandra's default for big
+# sstables) and the sstables rewritten. Per query: p50 of 200 requests by
+# one client, the CPU of the Tarn node and of the three Cassandra nodes per
+# request (from /proc, which shared-machine noise moves less than latency),
+# and the store's scans and point reads per request (from /metrics).
 #   scripts/measure-cassandra-listing.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,24 +70,35 @@ else:
             f = f[f.rfind(")") + 2:].split()
             out.append((int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK"))
         return out
+    def ops():
+        s, b = req(conn(), "GET", "/metrics")
+        want = ("tarn_store_cassandra_scans_total", "tarn_store_cassandra_point_reads_total")
+        return [float(l.split()[-1]) for w in want for l in b.decode().splitlines()
+                if l.startswith(w + " ") or l.startswith(w + "{")]
     c = conn(); reader = token(c, "reader", "reader-password")
     s, b = req(c, "GET", "/api/v1/items?kind=user-home&limit=1", None, reader)
     one = json.loads(b)["items"][0]["id"]
+    q2 = f"/api/v1/items?kind=user-home&limit=25&sort={FIELD}"
+    s, b = req(c, "GET", q2, None, reader)
+    q3 = q2 + "&cursor=" + json.loads(b)["next"]
     for name, url in [("Q1 newest (rev)", "/api/v1/items?kind=user-home&limit=25"),
                       ("Q1 oldest (fwd)", "/api/v1/items?kind=user-home&limit=25&sort=modifiedAt"),
-                      ("Q2 by last name", f"/api/v1/items?kind=user-home&limit=25&sort={FIELD}"),
+                      ("Q2 by last name", q2),
+                      ("Q3 next page", q3),
                       ("Q2 desc (rev)", f"/api/v1/items?kind=user-home&limit=25&sort=-{FIELD}"),
                       ("item read", f"/api/v1/items/{one}"),
                       ("me", "/api/v1/me")] * 2:
         for _ in range(20):
             req(c, "GET", url, None, reader)
-        times, c0 = [], cpu()
+        times, c0, o0 = [], cpu(), ops()
         for _ in range(200):
             t = time.perf_counter(); s, _ = req(c, "GET", url, None, reader)
             times.append(time.perf_counter() - t); assert s == 200, s
-        c1 = cpu(); times.sort()
+        c1, o1 = cpu(), ops(); times.sort()
         d = [(b - a) / 200 * 1e3 for a, b in zip(c0, c1)]
-        print(f"{label:<22} {name:<16} p50 {times[100] * 1e3:7.2f} ms   CPU tarn {d[0]:6.2f} cass {sum(d[1:]):7.2f} ms", flush=True)
+        o = [(b - a) / 200 for a, b in zip(o0, o1)]
+        print(f"{label:<22} {name:<16} p50 {times[100] * 1e3:7.2f} ms   CPU tarn {d[0]:6.2f} cass {sum(d[1:]):7.2f} ms"
+              f"   scans {o[0]:5.1f} point reads {o[1]:5.1f}", flush=True)
 PY
 }
 echo "column_index_size: $("$TARN_TEST_CASSANDRA_CTL" nodetool 1 getcolumnindexsize 2>/dev/null | tail -1)"
