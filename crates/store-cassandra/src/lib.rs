@@ -157,10 +157,10 @@
 //! default 3, when missing) and the table are created at connect time by
 //! whichever process gets there first; the table's id is derived from the
 //! keyspace name so that concurrent creators agree. The table compacts
-//! leveled (`LeveledCompactionStrategy`): a listing's slices then read a few
-//! sstables however much was written, where size-tiered compaction let them
-//! grow with the pool; the store warns at connect about a table that
-//! compacts otherwise. An existing keyspace is
+//! leveled (`LeveledCompactionStrategy`), which keeps a partition in at most
+//! one sstable a level, so a listing's slices read a few sstables however
+//! much was written; the store warns at connect about a table that compacts
+//! otherwise. An existing keyspace is
 //! used as it is: create it yourself, with `NetworkTopologyStrategy`, to
 //! span datacenters (`QUORUM` then spans them too).
 
