@@ -278,19 +278,30 @@ impl Inner {
 }
 
 impl crate::CassandraStore {
-    /// Records the store's birth (the first bucket any feed may use).
+    /// Records the store's birth (the first bucket any feed may use). Nodes
+    /// starting together race for it: a lightweight transaction that loses
+    /// to theirs (`Conflict`) or times out while they contend
+    /// (`Unavailable`) is looked at again, a bounded number of times.
     pub(crate) async fn record_birth(&self) -> StoreResult<()> {
         let key = meta_key("born")?;
-        if self.inner.get(&key).await?.is_some() {
-            return Ok(());
-        }
-        let bucket = (wall_micros() - BUCKET_MICROS).div_euclid(BUCKET_MICROS);
-        let mut b = Batch::new();
-        b.put(key.clone(), bucket.to_be_bytes().to_vec(), 1)
-            .guard(key, Expect::Absent);
-        match tarn_store::Store::write(self, b).await {
-            Ok(()) | Err(StoreError::GuardFailed { .. }) => Ok(()),
-            Err(e) => Err(e),
+        let mut attempt = 0u32;
+        loop {
+            if self.inner.get(&key).await?.is_some() {
+                return Ok(());
+            }
+            let bucket = (wall_micros() - BUCKET_MICROS).div_euclid(BUCKET_MICROS);
+            let mut b = Batch::new();
+            b.put(key.clone(), bucket.to_be_bytes().to_vec(), 1)
+                .guard(key.clone(), Expect::Absent);
+            match tarn_store::Store::write(self, b).await {
+                Ok(()) | Err(StoreError::GuardFailed { .. }) => return Ok(()),
+                Err(e) if e.is_retryable() && attempt < 8 => {
+                    attempt += 1;
+                    let pause = 50u64 << attempt.min(5);
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 
