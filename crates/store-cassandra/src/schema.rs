@@ -343,17 +343,17 @@ pub(crate) async fn compaction_class(session: &Session, keyspace: &str) -> Store
         .unwrap_or_default())
 }
 
-/// Why a table compacting with `class` makes listings costlier, or `None`
-/// when it compacts as [`COMPACTION`] (a table made before Tarn asked for
-/// it keeps what it had).
+/// Advice for a table that compacts with `class` rather than
+/// [`COMPACTION`] (a table made before Tarn asked for it keeps what it
+/// had), or `None` when it compacts so or its class could not be read.
 pub(crate) fn compaction_advice(keyspace: &str, class: &str) -> Option<String> {
-    if class.rsplit('.').next() == Some(COMPACTION) {
+    if class.is_empty() || class.rsplit('.').next() == Some(COMPACTION) {
         return None;
     }
     Some(format!(
-        "table {keyspace}.{TABLE} compacts with {class}: a listing reads more sstables as \
-         the pool grows; run `ALTER TABLE {keyspace}.{TABLE} WITH compaction = \
-         {{'class': '{COMPACTION}'}}`"
+        "table {keyspace}.{TABLE} compacts with {class}, where a partition may spread over \
+         more sstables, which listings read; Tarn makes it leveled: `ALTER TABLE \
+         {keyspace}.{TABLE} WITH compaction = {{'class': '{COMPACTION}'}}`"
     ))
 }
 
@@ -470,6 +470,6 @@ mod tests {
             advice.contains("SizeTiered") && advice.contains("ALTER TABLE tarn.rows"),
             "{advice}"
         );
-        assert!(compaction_advice("tarn", "").is_some());
+        assert!(compaction_advice("tarn", "").is_none());
     }
 }
