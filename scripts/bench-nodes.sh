@@ -5,6 +5,9 @@
 #   scripts/bench-nodes.sh kenai [extra tarn bench flags]
 #   STORE=cassandra scripts/bench-nodes.sh user-home --quick
 #   NODES=1 scripts/bench-nodes.sh chat     (only the one-node run; NODES=2 only the two)
+# On Cassandra, user-home flushes every node's memtables after loading each
+# pool size (tarn bench --after-load), so that every size is read from
+# sstables rather than the smallest from memtables alone; FLUSH=0 does not.
 # Needs nginx (apt-get install nginx) for the two-node run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +21,10 @@ export STORE=${STORE:-postgres}
 export TARN_RUNS=${NODES:-1 2}
 case $STORE in
   postgres) export TARN_PG_DURABLE=1; WITH=scripts/with-postgres.sh ;;
-  cassandra) WITH=scripts/with-cassandra.sh ;;
+  cassandra) WITH=scripts/with-cassandra.sh
+    if [ "$WORKLOAD" = user-home ] && [ "${FLUSH:-1}" != 0 ]; then
+      export TARN_AFTER_LOAD='for n in 1 2 3; do "$TARN_TEST_CASSANDRA_CTL" nodetool $n flush >/dev/null; done'
+    fi ;;
   *) echo "STORE is postgres or cassandra" >&2; exit 2 ;;
 esac
 exec $WITH bash -c '
@@ -26,6 +32,8 @@ set -euo pipefail
 WORKLOAD=$1; OUT=$2; shift 2
 free_port() { python3 -c "import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); print(s.getsockname()[1]); s.close()"; }
 PIDS=()
+AFTER=()
+if [ -n "${TARN_AFTER_LOAD:-}" ]; then AFTER=(--after-load "$TARN_AFTER_LOAD"); fi
 cleanup() { for p in "${PIDS[@]}"; do kill $p 2>/dev/null || true; done; [ -n "${NGINX_DIR:-}" ] && nginx -p "$NGINX_DIR" -c "$NGINX_DIR/nginx.conf" -s stop 2>/dev/null || true; }
 trap cleanup EXIT
 store_url() { # schema (PostgreSQL) or keyspace (Cassandra)
@@ -43,7 +51,7 @@ node() { # schema port
 if [ "$TARN_RUNS" != 2 ]; then
 P1=$(free_port); node one $P1
 ./target/release/tarn bench "$WORKLOAD" --url http://127.0.0.1:$P1 --admin-password bench-admin-password \
-  --server-pid ${PIDS[0]} --out "$OUT/$WORKLOAD-$STORE-1node" "$@"
+  --server-pid ${PIDS[0]} --out "$OUT/$WORKLOAD-$STORE-1node" "${AFTER[@]}" "$@"
 kill ${PIDS[0]}; PIDS=()
 fi
 [ "$TARN_RUNS" = 1 ] && exit 0
@@ -56,5 +64,5 @@ sed -e "s/127.0.0.1:7701/127.0.0.1:$PA/; s/127.0.0.1:7702/127.0.0.1:$PB/; s/list
 nginx -p "$NGINX_DIR" -c "$NGINX_DIR/nginx.conf"
 until curl -sf http://127.0.0.1:$PL/api/v1/health >/dev/null; do sleep 0.2; done
 ./target/release/tarn bench "$WORKLOAD" --url http://127.0.0.1:$PL --admin-password bench-admin-password \
-  --server-pid ${PIDS[0]},${PIDS[1]} --out "$OUT/$WORKLOAD-$STORE-2nodes" "$@"
+  --server-pid ${PIDS[0]},${PIDS[1]} --out "$OUT/$WORKLOAD-$STORE-2nodes" "${AFTER[@]}" "$@"
 ' _ "$WORKLOAD" "$OUT" "$@"

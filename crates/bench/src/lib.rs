@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use hyper::Method;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -83,6 +83,10 @@ pub struct Options {
     pub step_seconds: Option<f64>,
     /// Seconds to wait after loading each pool size (user-home).
     pub settle_seconds: f64,
+    /// A shell command run after loading each pool size, before the settle
+    /// (user-home): say, flushing the database's memtables, so that every
+    /// size is read from the same kind of storage.
+    pub after_load: Option<String>,
     /// Server processes on this machine to sample when `url` is given.
     pub server_pids: Vec<u32>,
 }
@@ -167,6 +171,8 @@ pub struct Kit {
     step_seconds: Option<f64>,
     /// Seconds to wait after a load before measuring.
     pub settle_seconds: f64,
+    /// A shell command run after a load, before the settle.
+    pub after_load: Option<String>,
 }
 
 type BoxFut<T> = Pin<Box<dyn Future<Output = Result<T>> + Send>>;
@@ -175,6 +181,27 @@ impl Kit {
     /// The seconds a step measures: the override, else `default`.
     pub fn seconds(&self, default: f64) -> f64 {
         self.step_seconds.unwrap_or(default)
+    }
+
+    /// Between a load and its measurement: the `after_load` command, which
+    /// must succeed, then `settle_seconds` of waiting.
+    pub async fn settle(&self) -> Result<()> {
+        if let Some(cmd) = &self.after_load {
+            let status = tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(cmd)
+                .status()
+                .await
+                .with_context(|| format!("running the after-load command `{cmd}`"))?;
+            if !status.success() {
+                bail!("the after-load command `{cmd}` failed: {status}");
+            }
+        }
+        if self.settle_seconds > 0.0 {
+            let settle = self.settle_seconds.min(86_400.0);
+            tokio::time::sleep(Duration::from_secs_f64(settle)).await;
+        }
+        Ok(())
     }
 
     /// Warm-up and measured durations of a step.
@@ -347,7 +374,7 @@ impl Kit {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        anyhow::bail!("index {name} did not become ready")
+        bail!("index {name} did not become ready")
     }
 }
 
@@ -433,6 +460,7 @@ pub async fn run(opts: Options) -> Result<(Results, PathBuf)> {
         pids,
         step_seconds: opts.step_seconds,
         settle_seconds: opts.settle_seconds,
+        after_load: opts.after_load,
     };
     let run = match opts.workload {
         Workload::UserHome => workloads::user_home::run(&kit).await?,

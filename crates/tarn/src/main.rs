@@ -115,6 +115,12 @@ struct BenchArgs {
     /// compactions) to finish [default: 0].
     #[arg(long)]
     settle_seconds: Option<f64>,
+    /// A shell command run after loading each pool size, before the settle
+    /// (user-home): for example flushing Cassandra's memtables
+    /// (`nodetool flush KEYSPACE` on every node), so that every size is
+    /// read from the same kind of storage. The run stops if it fails.
+    #[arg(long)]
+    after_load: Option<String>,
     /// With --url: server processes on this machine whose CPU and memory to
     /// report (comma-separated pids, summed).
     #[arg(long, value_delimiter = ',')]
@@ -690,6 +696,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         server_exe: std::env::current_exe()?,
         step_seconds: args.step_seconds,
         settle_seconds: args.settle_seconds.unwrap_or(0.0),
+        after_load: args.after_load,
         server_pids: args.server_pid,
     })
     .await?;

@@ -108,10 +108,7 @@ pub async fn run(kit: &Kit) -> Result<WorkloadRun> {
     for &h in sizes {
         grow(kit, &owner, have, h).await?;
         have = h;
-        if kit.settle_seconds > 0.0 {
-            let settle = kit.settle_seconds.min(86_400.0);
-            tokio::time::sleep(std::time::Duration::from_secs_f64(settle)).await;
-        }
+        kit.settle().await?;
         for &u in users {
             let vus = (0..u)
                 .map(|_| {
@@ -130,7 +127,8 @@ pub async fn run(kit: &Kit) -> Result<WorkloadRun> {
     let (marks, plots) = flatness(&steps, sizes, users);
     Ok(WorkloadRun {
         params: json!({"sizes": sizes, "users": users, "page": 25, "index": FIELD,
-                       "settle_seconds": kit.settle_seconds}),
+                       "settle_seconds": kit.settle_seconds,
+                       "after_load": kit.after_load}),
         steps,
         marks,
         plots,
