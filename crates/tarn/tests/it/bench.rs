@@ -88,11 +88,14 @@ fn every_workload_runs_quick_with_complete_outputs() {
     for workload in ["user-home", "kenai", "upload-storm", "custard"] {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out");
-        let run = Command::new(TARN)
-            .args(["bench", workload, "--quick", "--out"])
-            .arg(&out)
-            .output()
-            .unwrap();
+        let loads = dir.path().join("loads");
+        let mut cmd = Command::new(TARN);
+        cmd.args(["bench", workload, "--quick", "--out"]).arg(&out);
+        if workload == "user-home" {
+            cmd.arg("--after-load")
+                .arg(format!("echo loaded >> '{}'", loads.display()));
+        }
+        let run = cmd.output().unwrap();
         let stdout = String::from_utf8_lossy(&run.stdout);
         assert!(
             run.status.success(),
@@ -115,6 +118,34 @@ fn every_workload_runs_quick_with_complete_outputs() {
                 .map(|p| p["stem"].as_str().unwrap())
                 .collect();
             assert!(plots.contains(&"latency-vs-size"), "{plots:?}");
+            // The after-load command ran once a pool size: 500 and 5,000 homes.
+            let loads = std::fs::read_to_string(&loads).unwrap();
+            assert_eq!(loads, "loaded\nloaded\n");
+            assert!(results["params"]["after_load"].is_string());
         }
     }
+}
+
+#[test]
+fn a_failing_after_load_command_stops_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = Command::new(TARN)
+        .args([
+            "bench",
+            "user-home",
+            "--quick",
+            "--after-load",
+            "exit 3",
+            "--out",
+        ])
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "the run went on: {stderr}");
+    assert!(
+        stderr.contains("after-load command `exit 3` failed"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("out").join("results.json").exists());
 }
