@@ -37,12 +37,7 @@ lint: setup
 # nodes taking requests in turn (TARN_TEST_NODES=2).
 check-tests: setup
 	scripts/with-postgres.sh scripts/with-cassandra.sh sh -c '\
-	  $(CARGO) test --workspace --no-fail-fast && \
-	  TARN_TEST_NODES=2 $(CARGO) test -p tarn-server --test it && \
-	  TARN_TEST_STORE=sqlite $(CARGO) test -p tarn-server --test it && \
-	  TARN_TEST_STORE=postgres $(CARGO) test -p tarn-server --test it && \
-	  TARN_TEST_STORE=postgres TARN_TEST_NODES=2 $(CARGO) test -p tarn-server --test it && \
-	  TARN_TEST_STORE=cassandra TARN_TEST_NODES=2 $(CARGO) test -p tarn-server --test it'
+	  $(CARGO) test --workspace --no-fail-fast && CARGO=$(CARGO) scripts/http-suites.sh'
 
 # Fuzzes a running server against its own OpenAPI document (schemathesis
 # 4.32.5 in a virtualenv under ~/.cache/tarn; see scripts/schemathesis.toml).

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs the HTTP suite (crates/server/tests/it) on every store and node count
+# that `make test` covers after `cargo test --workspace`: SQLite and
+# PostgreSQL with one node; the in-memory store, PostgreSQL and Cassandra
+# with two nodes taking requests in turn. Needs TARN_TEST_POSTGRES and
+# TARN_TEST_CASSANDRA (scripts/with-postgres.sh, scripts/with-cassandra.sh).
+#
+# It runs the test binary that `cargo test --workspace` built rather than
+# `cargo test -p tarn-server`: features are unified over the packages a
+# command selects, so the latter would compile two dozen crates again
+# (about 85 s on 2 cores) for the same tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CARGO=${CARGO:-cargo}
+
+SUITE=$("$CARGO" test --workspace --no-run --message-format=json |
+  grep '"src_path":"[^"]*crates/server/tests/it/main.rs"' |
+  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
+if [ -z "$SUITE" ] || [ ! -x "$SUITE" ]; then
+  echo "http-suites: no test binary for crates/server/tests/it" >&2
+  exit 1
+fi
+
+# Cargo runs a test binary in its package's directory; so does this.
+cd crates/server
+run() {
+  echo "http-suites: $* $(basename "$SUITE")"
+  env "$@" "$SUITE"
+}
+run TARN_TEST_NODES=2
+run TARN_TEST_STORE=sqlite
+run TARN_TEST_STORE=postgres
+run TARN_TEST_STORE=postgres TARN_TEST_NODES=2
+run TARN_TEST_STORE=cassandra TARN_TEST_NODES=2
