@@ -42,7 +42,10 @@ if ! "$VENV/bin/st" --version 2>/dev/null | grep -q "version $ST_VERSION"; then
 fi
 
 cd "$ROOT"
-cargo build -q -p tarn
+# target/debug/tarn as `cargo test --workspace` builds it, so that `make
+# test` does not compile two dozen crates again for another feature set
+# (`cargo build -p tarn` unifies features over fewer packages).
+cargo test -q --workspace --no-run
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/tarn
 
 WORK=$(mktemp -d /tmp/tarn-schemathesis.XXXXXX)

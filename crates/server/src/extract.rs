@@ -516,30 +516,47 @@ impl Cidr {
 pub struct ClientAddr(pub Option<String>);
 
 /// The client address of a request from `peer` with these headers.
+///
+/// `X-Forwarded-For` is read from the right, where each trusted proxy
+/// appended the address it was talking to, and only as far as the first
+/// untrusted address: everything left of that was written by the client,
+/// so garbage there cannot move its requests onto the proxy's address.
 pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[Cidr]) -> IpAddr {
     let is_trusted = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
+    let mut client = peer;
     if !is_trusted(peer) {
-        return peer;
+        return client;
     }
-    let mut hops: Vec<IpAddr> = Vec::new();
-    for v in headers.get_all("x-forwarded-for") {
-        let Ok(v) = v.to_str() else { return peer };
-        for part in v.split(',') {
-            match part.trim().parse::<IpAddr>() {
-                Ok(ip) => hops.push(ip),
-                // A list we cannot read tells nothing we can trust.
-                Err(_) => return peer,
+    let values: Vec<_> = headers.get_all("x-forwarded-for").iter().collect();
+    for v in values.into_iter().rev() {
+        let Ok(v) = v.to_str() else { return client };
+        for part in v.rsplit(',') {
+            // An entry a trusted proxy wrote that we cannot read: the
+            // last address we could.
+            let Some(ip) = forwarded_hop(part) else {
+                return client;
+            };
+            client = ip;
+            if !is_trusted(ip) {
+                return client;
             }
         }
     }
-    let mut client = peer;
-    for ip in hops.into_iter().rev() {
-        client = ip;
-        if !is_trusted(ip) {
-            break;
-        }
-    }
     client
+}
+
+/// One `X-Forwarded-For` entry: an address, with or without a port
+/// (`192.0.2.1`, `192.0.2.1:4711`, `2001:db8::1`, `[2001:db8::1]:4711`).
+fn forwarded_hop(part: &str) -> Option<IpAddr> {
+    let part = part.trim();
+    part.parse::<IpAddr>()
+        .ok()
+        .or_else(|| part.parse::<SocketAddr>().ok().map(|s| s.ip()))
+        .or_else(|| {
+            part.strip_prefix('[')
+                .and_then(|p| p.strip_suffix(']'))
+                .and_then(|p| p.parse::<IpAddr>().ok())
+        })
 }
 
 impl FromRequestParts<AppState> for ClientAddr {
@@ -798,6 +815,30 @@ mod tests {
         // Garbage in the header: the peer.
         h.insert("x-forwarded-for", "nonsense".parse().unwrap());
         assert_eq!(client_addr(ip("127.0.0.1"), &h, &trusted), ip("127.0.0.1"));
+        // Garbage the client sent ahead of what the proxy appended does
+        // not move it onto the proxy's address.
+        h.insert("x-forwarded-for", "nonsense, 1.2.3.4".parse().unwrap());
+        assert_eq!(client_addr(ip("127.0.0.1"), &h, &trusted), ip("1.2.3.4"));
+        // Garbage behind a trusted hop: the last address that could be read.
+        h.insert("x-forwarded-for", "1.2.3.4, ???, 10.0.0.7".parse().unwrap());
+        assert_eq!(client_addr(ip("127.0.0.1"), &h, &trusted), ip("10.0.0.7"));
+        // Entries with ports, as some proxies write them.
+        for (value, want) in [
+            ("1.2.3.4:4711", "1.2.3.4"),
+            ("[2001:db8::1]:4711, 10.0.0.7:80", "2001:db8::1"),
+            ("[2001:db8::2]", "2001:db8::2"),
+        ] {
+            h.insert("x-forwarded-for", value.parse().unwrap());
+            assert_eq!(
+                client_addr(ip("127.0.0.1"), &h, &trusted),
+                ip(want),
+                "{value}"
+            );
+        }
+        // Several headers are one list, in order.
+        h.insert("x-forwarded-for", "5.5.5.5".parse().unwrap());
+        h.append("x-forwarded-for", "10.0.0.9".parse().unwrap());
+        assert_eq!(client_addr(ip("127.0.0.1"), &h, &trusted), ip("5.5.5.5"));
         // No proxies trusted (the default): always the peer.
         h.insert("x-forwarded-for", "1.2.3.4".parse().unwrap());
         assert_eq!(client_addr(ip("127.0.0.1"), &h, &[]), ip("127.0.0.1"));

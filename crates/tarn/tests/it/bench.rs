@@ -44,9 +44,14 @@ fn check_run(workload: &str, out: &Path) {
         let name = s["name"].as_str().unwrap();
         let ops = s["ops"].as_object().unwrap();
         assert!(!ops.is_empty(), "{workload} {name}: no operations");
+        // Chat measures posts and deliveries, not requests against a
+        // health ceiling (workloads.md): no health figures there.
+        let against_health = workload != "chat";
         for (op, o) in ops {
             check_figures(o, &format!("{workload} {name} {op}"));
-            assert!(o["ratio_to_health"].is_number(), "{op}: ratio to health");
+            if against_health {
+                assert!(o["ratio_to_health"].is_number(), "{op}: ratio to health");
+            }
             for status in o["statuses"].as_object().unwrap().keys() {
                 assert!(
                     !status.starts_with('5'),
@@ -54,7 +59,9 @@ fn check_run(workload: &str, out: &Path) {
                 );
             }
         }
-        check_figures(&s["health"], &format!("{workload} {name} health"));
+        if against_health {
+            check_figures(&s["health"], &format!("{workload} {name} health"));
+        }
         let server = &s["server"];
         assert!(
             server["cpu_cores"].as_f64().unwrap() >= 0.0,
@@ -83,46 +90,83 @@ fn check_run(workload: &str, out: &Path) {
     }
 }
 
+/// Runs `tarn bench <workload> --quick` with `extra` arguments, checks its
+/// outputs and nothing answered 5xx, and returns results.json.
+fn quick_run(workload: &str, extra: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let run = Command::new(TARN)
+        .args(["bench", workload, "--quick"])
+        .args(extra)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{workload}: {}\n{stdout}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        stdout.contains("0 5xx responses"),
+        "{workload} summary: {stdout}"
+    );
+    check_run(workload, &out);
+    serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap()
+}
+
+// One test a workload, so that the test threads share them out.
+
 #[test]
-fn every_workload_runs_quick_with_complete_outputs() {
-    for workload in ["user-home", "kenai", "upload-storm", "custard"] {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("out");
-        let loads = dir.path().join("loads");
-        let mut cmd = Command::new(TARN);
-        cmd.args(["bench", workload, "--quick", "--out"]).arg(&out);
-        if workload == "user-home" {
-            cmd.arg("--after-load")
-                .arg(format!("echo loaded >> '{}'", loads.display()));
-        }
-        let run = cmd.output().unwrap();
-        let stdout = String::from_utf8_lossy(&run.stdout);
-        assert!(
-            run.status.success(),
-            "{workload}: {}\n{stdout}",
-            String::from_utf8_lossy(&run.stderr)
-        );
-        assert!(
-            stdout.contains("0 5xx responses"),
-            "{workload} summary: {stdout}"
-        );
-        check_run(workload, &out);
-        if workload == "user-home" {
-            let results: Value =
-                serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap())
-                    .unwrap();
-            let plots: Vec<&str> = results["plots"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| p["stem"].as_str().unwrap())
-                .collect();
-            assert!(plots.contains(&"latency-vs-size"), "{plots:?}");
-            // The after-load command ran once a pool size: 500 and 5,000 homes.
-            let loads = std::fs::read_to_string(&loads).unwrap();
-            assert_eq!(loads, "loaded\nloaded\n");
-            assert!(results["params"]["after_load"].is_string());
-        }
+fn user_home_runs_quick_with_complete_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let loads = dir.path().join("loads");
+    let command = format!("echo loaded >> '{}'", loads.display());
+    let results = quick_run("user-home", &["--after-load", &command]);
+    let plots: Vec<&str> = results["plots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["stem"].as_str().unwrap())
+        .collect();
+    assert!(plots.contains(&"latency-vs-size"), "{plots:?}");
+    // The after-load command ran once a pool size: 500 and 5,000 homes.
+    let loads = std::fs::read_to_string(&loads).unwrap();
+    assert_eq!(loads, "loaded\nloaded\n");
+    assert!(results["params"]["after_load"].is_string());
+}
+
+#[test]
+fn kenai_runs_quick_with_complete_outputs() {
+    quick_run("kenai", &[]);
+}
+
+#[test]
+fn upload_storm_runs_quick_with_complete_outputs() {
+    quick_run("upload-storm", &[]);
+}
+
+#[test]
+fn custard_runs_quick_with_complete_outputs() {
+    quick_run("custard", &[]);
+}
+
+#[test]
+fn search_runs_quick_with_complete_outputs() {
+    quick_run("search", &[]);
+}
+
+#[test]
+fn chat_runs_quick_with_complete_outputs() {
+    let results = quick_run("chat", &[]);
+    // Every member got every message posted while it was a member, once.
+    for s in results["steps"].as_array().unwrap() {
+        let p = &s["params"];
+        assert!(p["delivered"].as_u64().unwrap() > 0, "{p}");
+        assert_eq!(p["delivered"], p["expected_deliveries"], "{p}");
+        assert_eq!(p["missed"], 0, "{p}");
+        assert_eq!(p["duplicates"], 0, "{p}");
     }
 }
 
