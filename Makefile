@@ -50,12 +50,12 @@ check-client: setup
 
 # The web app in Debian's Chromium (installed when missing): type checks,
 # then Playwright against a real `tarn serve` (a debug build with the app in
-# it, target/debug/tarn as the tests build it, see scripts/schemathesis.sh)
+# it, target/debug/tarn as the tests build it: scripts/debug-tarn.sh)
 # — people in separate browser contexts, an axe-core scan and a
 # screenshot of every page (web/test-results/screenshots).
 test-web: web check-client
 	@scripts/setup.sh --browser
-	$(CARGO) test --workspace --no-run
+	scripts/debug-tarn.sh >/dev/null
 	cd web && $(NPM) run check --silent
 	cd web && $(NPM) test
 

@@ -14,8 +14,7 @@ CLIENT=$ROOT/clients/typescript
 mode=${1:-check}
 
 cd "$ROOT"
-cargo build -q -p tarn
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/tarn
+BIN=$(scripts/debug-tarn.sh)
 
 if [ ! -x "$CLIENT/node_modules/.bin/openapi-typescript" ]; then
   (cd "$CLIENT" && npm ci --no-audit --no-fund --loglevel=error)

@@ -42,11 +42,7 @@ if ! "$VENV/bin/st" --version 2>/dev/null | grep -q "version $ST_VERSION"; then
 fi
 
 cd "$ROOT"
-# target/debug/tarn as `cargo test --workspace` builds it, so that `make
-# test` does not compile two dozen crates again for another feature set
-# (`cargo build -p tarn` unifies features over fewer packages).
-cargo test -q --workspace --no-run
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/tarn
+BIN=$(scripts/debug-tarn.sh)
 
 WORK=$(mktemp -d /tmp/tarn-schemathesis.XXXXXX)
 ADMIN_PASSWORD=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
