@@ -529,11 +529,12 @@ pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[Cidr]) -> IpAdd
     }
     let values: Vec<_> = headers.get_all("x-forwarded-for").iter().collect();
     for v in values.into_iter().rev() {
-        let Ok(v) = v.to_str() else { return client };
-        for part in v.rsplit(',') {
+        // Split as bytes: a proxy appends to the client's own value, which
+        // may hold bytes that are not text.
+        for part in v.as_bytes().rsplit(|&b| b == b',') {
             // An entry a trusted proxy wrote that we cannot read: the
             // last address we could.
-            let Some(ip) = forwarded_hop(part) else {
+            let Some(ip) = std::str::from_utf8(part).ok().and_then(forwarded_hop) else {
                 return client;
             };
             client = ip;
@@ -818,6 +819,9 @@ mod tests {
         // Garbage the client sent ahead of what the proxy appended does
         // not move it onto the proxy's address.
         h.insert("x-forwarded-for", "nonsense, 1.2.3.4".parse().unwrap());
+        assert_eq!(client_addr(ip("127.0.0.1"), &h, &trusted), ip("1.2.3.4"));
+        let bytes = axum::http::HeaderValue::from_bytes(b"\xe9\xff, 1.2.3.4").unwrap();
+        h.insert("x-forwarded-for", bytes);
         assert_eq!(client_addr(ip("127.0.0.1"), &h, &trusted), ip("1.2.3.4"));
         // Garbage behind a trusted hop: the last address that could be read.
         h.insert("x-forwarded-for", "1.2.3.4, ???, 10.0.0.7".parse().unwrap());
