@@ -6,6 +6,8 @@ NPM ?= npm
 LISTEN ?= 127.0.0.1:7700
 DATA ?= ./tarn-data
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
+# The scripts build with the same cargo.
+export CARGO
 
 .PHONY: run test setup build web lint check-tests schemathesis test-web check-client bench-store test-cassandra
 
@@ -37,7 +39,7 @@ lint: setup
 # nodes taking requests in turn (TARN_TEST_NODES=2).
 check-tests: setup
 	scripts/with-postgres.sh scripts/with-cassandra.sh sh -c '\
-	  $(CARGO) test --workspace --no-fail-fast && CARGO=$(CARGO) scripts/http-suites.sh'
+	  $(CARGO) test --workspace --no-fail-fast && scripts/http-suites.sh'
 
 # Fuzzes a running server against its own OpenAPI document (schemathesis
 # 4.32.5 in a virtualenv under ~/.cache/tarn; see scripts/schemathesis.toml).

@@ -13,10 +13,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
 
-SUITE=$("$CARGO" test --workspace --no-run --message-format=json |
-  grep '"src_path":"[^"]*crates/server/tests/it/main.rs"' |
+# The artifact of the server's `it` test target (compiler errors are still
+# printed, on stderr).
+SUITE=$("$CARGO" test --workspace --no-run --message-format=json-render-diagnostics |
+  { grep '"reason":"compiler-artifact".*"src_path":"[^"]*/crates/server/tests/it/main.rs"' || true; } |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
-if [ -z "$SUITE" ] || [ ! -x "$SUITE" ]; then
+if [ -z "$SUITE" ] || [ "$(printf '%s\n' "$SUITE" | wc -l)" -ne 1 ] || [ ! -x "$SUITE" ]; then
   echo "http-suites: no test binary for crates/server/tests/it" >&2
   exit 1
 fi

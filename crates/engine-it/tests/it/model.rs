@@ -554,11 +554,14 @@ async fn check(engine: &Engine, model: &Model, callers: &[Option<usize>]) {
             }
         }
     }
-    // Link holders, signed out, get the link's role on that item only.
-    if !callers.contains(&None) {
-        return;
-    }
-    for it in &model.items {
+    // Link holders, signed out, get the link's role on that item only
+    // (checked with the anonymous caller).
+    let linked: &[ModelItem] = if callers.contains(&None) {
+        &model.items
+    } else {
+        &[]
+    };
+    for it in linked {
         for (key, role) in &it.links {
             let got = engine.get_item(&Caller::Anonymous, &it.id, Some(key)).await;
             if it.deleted {
@@ -643,10 +646,12 @@ async fn run_checking(engine: Engine, ops: Vec<Op>, checks: Checks) {
     setup(&engine).await;
     let mut model = Model::default();
     let every = every_caller();
+    // Cases of different lengths start the turn at different callers.
+    let first = ops.len();
     for (i, op) in ops.iter().enumerate() {
         apply(&engine, &mut model, op).await;
         let callers = match checks {
-            Checks::InTurn if i + 1 < ops.len() => &every[i % every.len()..][..1],
+            Checks::InTurn if i + 1 < ops.len() => &every[(first + i) % every.len()..][..1],
             _ => &every[..],
         };
         check(&engine, &model, callers).await;

@@ -164,7 +164,6 @@ fn chat_runs_quick_with_complete_outputs() {
     for s in results["steps"].as_array().unwrap() {
         let p = &s["params"];
         assert!(p["delivered"].as_u64().unwrap() > 0, "{p}");
-        assert_eq!(p["delivered"], p["expected_deliveries"], "{p}");
         assert_eq!(p["missed"], 0, "{p}");
         assert_eq!(p["duplicates"], 0, "{p}");
     }
