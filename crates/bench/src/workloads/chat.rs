@@ -157,6 +157,7 @@ async fn reader_loop(
     me: usize,
     ledger: Arc<Mutex<Ledger>>,
     stop: Arc<AtomicBool>,
+    arrived: Arc<AtomicU64>,
     ready: tokio::sync::mpsc::Sender<()>,
 ) {
     let mut last: Option<String> = None;
@@ -203,6 +204,7 @@ async fn reader_loop(
                     if let Ok(Delivered { item: Some(item) }) = serde_json::from_str(&e.data) {
                         if let Some(m) = item.properties.msg {
                             arrivals.push((m, at));
+                            arrived.fetch_add(1, Ordering::Relaxed);
                         }
                     }
                 }
@@ -241,6 +243,52 @@ fn record(ledger: &Mutex<Ledger>, me: usize, arrivals: &mut Vec<(String, Instant
     }
 }
 
+/// The users who must get a post: members for the whole of it, from before
+/// it was sent to after it committed (joins and leaves during it are not
+/// counted).
+fn recipients<'a>(ledger: &'a Ledger, p: &'a Posted) -> impl Iterator<Item = usize> + 'a {
+    ledger.spans.iter().filter_map(move |(&(user, room), spans)| {
+        let member = room == p.room
+            && spans
+                .iter()
+                .any(|s| s.from <= p.sent && s.to.is_none_or(|t| t >= p.committed));
+        member.then_some(user)
+    })
+}
+
+/// Waits for the last deliveries after the posters stopped: until the
+/// readers have counted as many arrivals as there are deliveries to make
+/// and nothing arrived for a moment, or nothing arrived for
+/// [`QUIET_LONG`], or [`LAST_DELIVERY_WAIT`] passed. Arrivals include a
+/// few the tally does not expect (to members who joined or left during a
+/// post), so the count reaching its target is a hint, not a proof.
+async fn wait_for_deliveries(ledger: &Mutex<Ledger>, arrived: &AtomicU64) {
+    let expected: u64 = {
+        let l = ledger.lock().unwrap();
+        l.posted.values().map(|p| recipients(&l, p).count() as u64).sum()
+    };
+    let started = Instant::now();
+    let (mut last, mut changed) = (arrived.load(Ordering::Relaxed), Instant::now());
+    while started.elapsed() < LAST_DELIVERY_WAIT {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = arrived.load(Ordering::Relaxed);
+        if now != last {
+            (last, changed) = (now, Instant::now());
+        }
+        let quiet = changed.elapsed();
+        if quiet >= QUIET_LONG || (now >= expected && quiet >= QUIET_SHORT) {
+            return;
+        }
+    }
+}
+
+/// How long arrivals must stop once they reached the expected count.
+const QUIET_SHORT: Duration = Duration::from_millis(500);
+/// How long arrivals must stop before the kit gives up on the rest.
+const QUIET_LONG: Duration = Duration::from_secs(5);
+/// The longest wait for the last deliveries.
+const LAST_DELIVERY_WAIT: Duration = Duration::from_secs(30);
+
 /// Deliveries counted against what each member should have got.
 struct Tally {
     expected: u64,
@@ -264,18 +312,7 @@ fn tally(ledger: &Ledger) -> Tally {
         }
     }
     for (msg, p) in &ledger.posted {
-        // Members for the whole post, from before it was sent to after
-        // it committed; joins and leaves during it are not counted.
-        for (&(user, room), spans) in &ledger.spans {
-            if room != p.room {
-                continue;
-            }
-            let member = spans
-                .iter()
-                .any(|s| s.from <= p.sent && s.to.is_none_or(|t| t >= p.committed));
-            if !member {
-                continue;
-            }
+        for user in recipients(ledger, p) {
             expected += 1;
             if ledger.arrivals.contains_key(&(user, msg.clone())) {
                 delivered += 1;
@@ -347,6 +384,7 @@ pub async fn run(kit: &Kit) -> Result<WorkloadRun> {
         }
         let prefix = format!("s{step_no}");
         let ledger = Arc::new(Mutex::new(Ledger::default()));
+        let arrived = Arc::new(AtomicU64::new(0));
         {
             let http = kit.http.clone();
             let owner2 = owner.clone();
@@ -400,6 +438,7 @@ pub async fn run(kit: &Kit) -> Result<WorkloadRun> {
                 u,
                 ledger.clone(),
                 stop.clone(),
+                arrived.clone(),
                 ready_tx.clone(),
             )));
         }
@@ -439,8 +478,7 @@ pub async fn run(kit: &Kit) -> Result<WorkloadRun> {
             let _ = p.await;
         }
         let elapsed = started.elapsed().as_secs_f64();
-        // Let the last deliveries arrive.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        wait_for_deliveries(&ledger, &arrived).await;
         let server = sampler.map(ProcSampler::finish);
         stop.store(true, Ordering::Relaxed);
         for r in readers {
