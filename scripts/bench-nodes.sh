@@ -5,9 +5,10 @@
 #   scripts/bench-nodes.sh kenai [extra tarn bench flags]
 #   STORE=cassandra scripts/bench-nodes.sh user-home --quick
 #   NODES=1 scripts/bench-nodes.sh chat     (only the one-node run; NODES=2 only the two)
-# On Cassandra, user-home flushes every node's memtables after loading each
-# pool size (tarn bench --after-load), so that every size is read from
-# sstables rather than the smallest from memtables alone; FLUSH=0 does not.
+# On Cassandra, user-home runs scripts/cassandra/after-load.sh after loading
+# each pool size (tarn bench --after-load): it flushes every node's memtables
+# and waits for their compactions, so that every size is read from sstables
+# (not the smallest from memtables alone) on a quiet cluster; FLUSH=0 does not.
 # Needs nginx (apt-get install nginx) for the two-node run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +23,10 @@ export TARN_RUNS=${NODES:-1 2}
 case $STORE in
   postgres) export TARN_PG_DURABLE=1; WITH=scripts/with-postgres.sh ;;
   cassandra) WITH=scripts/with-cassandra.sh
+    # The nodes' full JIT (C2), as in production; tests stop at C1.
+    export TARN_CASSANDRA_JVM_OPTS=${TARN_CASSANDRA_JVM_OPTS--XX:TieredStopAtLevel=4}
     if [ "$WORKLOAD" = user-home ] && [ "${FLUSH:-1}" != 0 ]; then
-      export TARN_AFTER_LOAD='for n in 1 2 3; do "$TARN_TEST_CASSANDRA_CTL" nodetool $n flush >/dev/null; done'
+      TARN_AFTER_LOAD=$(printf %q "$PWD/scripts/cassandra/after-load.sh"); export TARN_AFTER_LOAD
     fi ;;
   *) echo "STORE is postgres or cassandra" >&2; exit 2 ;;
 esac

@@ -16,6 +16,8 @@
 #                             `CTL nodetool N ARGS...` runs nodetool on node N.
 #   TARN_TEST_CASSANDRA_DIR   the cluster's directory (logs: nodeN/system.log)
 # TARN_CASSANDRA_KEEP=1 keeps the directory (not the processes) afterwards.
+# TARN_CASSANDRA_JVM_OPTS adds JVM flags after the template's (a later flag
+# wins): scripts/bench-nodes.sh gives the nodes the full JIT this way.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -83,6 +85,7 @@ done
 
 DIR=$(mktemp -d /tmp/tarn-cassandra.XXXXXX)
 JVM_OPTS=$(grep -v '^[[:space:]]*#' "$TEMPLATES/jvm.options" | grep -v '^[[:space:]]*$' | tr '\n' ' ')
+JVM_OPTS="$JVM_OPTS ${TARN_CASSANDRA_JVM_OPTS:-}"
 for i in $(seq 1 $NODES); do
   NODE="$DIR/node$i"
   mkdir -p "$NODE"
