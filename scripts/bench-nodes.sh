@@ -9,6 +9,8 @@
 # each pool size (tarn bench --after-load): it flushes every node's memtables
 # and waits for their compactions, so that every size is read from sstables
 # (not the smallest from memtables alone) on a quiet cluster; FLUSH=0 does not.
+# On Cassandra the nodes run the full JIT, and every step runs its users
+# WARMUP seconds (default 45) before measuring them.
 # Needs nginx (apt-get install nginx) for the two-node run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,8 +25,10 @@ export TARN_RUNS=${NODES:-1 2}
 case $STORE in
   postgres) export TARN_PG_DURABLE=1; WITH=scripts/with-postgres.sh ;;
   cassandra) WITH=scripts/with-cassandra.sh
-    # The nodes' full JIT (C2), as in production; tests stop at C1.
+    # The nodes' full JIT (C2), as in production; tests stop at C1. It
+    # compiles under load for about a minute: each step warms up 45 s.
     export TARN_CASSANDRA_JVM_OPTS=${TARN_CASSANDRA_JVM_OPTS--XX:TieredStopAtLevel=4}
+    export TARN_WARMUP=${WARMUP:-45}
     if [ "$WORKLOAD" = user-home ] && [ "${FLUSH:-1}" != 0 ]; then
       TARN_AFTER_LOAD=$(printf %q "$PWD/scripts/cassandra/after-load.sh"); export TARN_AFTER_LOAD
     fi ;;
@@ -37,6 +41,7 @@ free_port() { python3 -c "import socket; s=socket.socket(); s.bind((\"127.0.0.1\
 PIDS=()
 AFTER=()
 if [ -n "${TARN_AFTER_LOAD:-}" ]; then AFTER=(--after-load "$TARN_AFTER_LOAD"); fi
+if [ -n "${TARN_WARMUP:-}" ]; then AFTER+=(--warmup-seconds "$TARN_WARMUP"); fi
 cleanup() { for p in "${PIDS[@]}"; do kill $p 2>/dev/null || true; done; [ -n "${NGINX_DIR:-}" ] && nginx -p "$NGINX_DIR" -c "$NGINX_DIR/nginx.conf" -s stop 2>/dev/null || true; }
 trap cleanup EXIT
 store_url() { # schema (PostgreSQL) or keyspace (Cassandra)

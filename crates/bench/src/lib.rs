@@ -81,6 +81,8 @@ pub struct Options {
     pub server_exe: PathBuf,
     /// Overrides the measured seconds of each step.
     pub step_seconds: Option<f64>,
+    /// Overrides the warm-up seconds of each step's users.
+    pub warmup_seconds: Option<f64>,
     /// Seconds to wait after loading each pool size (user-home).
     pub settle_seconds: f64,
     /// A shell command run after loading each pool size, before the settle
@@ -169,6 +171,7 @@ pub struct Kit {
     /// Processes sampled for server CPU and memory.
     pub(crate) pids: Vec<u32>,
     step_seconds: Option<f64>,
+    warmup_seconds: Option<f64>,
     /// Seconds to wait after a load before measuring.
     pub settle_seconds: f64,
     /// A shell command run after a load, before the settle.
@@ -246,9 +249,10 @@ impl Kit {
         let n = users.len();
         let measure = Duration::from_secs_f64(self.step_seconds.unwrap_or(measure));
         let warmup = Duration::from_secs_f64(warmup);
-        let bar = progress_timer(&name, warmup + measure);
+        let users_warmup = self.warmup_seconds.map_or(warmup, Duration::from_secs_f64);
+        let bar = progress_timer(&name, users_warmup + measure);
         let sampler = (!self.pids.is_empty()).then(|| ProcSampler::start(self.pids.clone()));
-        let rec = measure::closed_loop(users, warmup, measure).await;
+        let rec = measure::closed_loop(users, users_warmup, measure).await;
         let server = sampler.map(ProcSampler::finish);
         bar.set_message(format!("{name}: health ceiling"));
         let health_users: Vec<Box<dyn Vu>> = (0..n)
@@ -459,6 +463,7 @@ pub async fn run(opts: Options) -> Result<(Results, PathBuf)> {
         server,
         pids,
         step_seconds: opts.step_seconds,
+        warmup_seconds: opts.warmup_seconds,
         settle_seconds: opts.settle_seconds,
         after_load: opts.after_load,
     };

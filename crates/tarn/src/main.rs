@@ -108,12 +108,17 @@ struct BenchArgs {
     #[arg(long)]
     quick: bool,
     /// Seconds measured per step (overrides the workload's own).
-    #[arg(long)]
+    #[arg(long, value_parser = positive_seconds)]
     step_seconds: Option<f64>,
+    /// Seconds each step runs its users before measuring them (overrides
+    /// the workload's own, 0.5–2): for a database whose JIT compiler warms
+    /// up under load, as Cassandra's does.
+    #[arg(long, value_parser = seconds)]
+    warmup_seconds: Option<f64>,
     /// Seconds to wait after loading each pool size before measuring it
     /// (user-home), for background work the load started (Cassandra's
     /// compactions) to finish [default: 0].
-    #[arg(long)]
+    #[arg(long, value_parser = seconds)]
     settle_seconds: Option<f64>,
     /// A shell command run after loading each pool size, before the settle
     /// (user-home): for example flushing Cassandra's memtables
@@ -695,6 +700,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         quick: args.quick,
         server_exe: std::env::current_exe()?,
         step_seconds: args.step_seconds,
+        warmup_seconds: args.warmup_seconds,
         settle_seconds: args.settle_seconds.unwrap_or(0.0),
         after_load: args.after_load,
         server_pids: args.server_pid,
@@ -734,5 +740,25 @@ fn check_share(share: f64) -> Result<f64, String> {
         Ok(share)
     } else {
         Err(format!("{share} is not above 0 and at most 1"))
+    }
+}
+
+/// A span of seconds: at least 0 and at most a day.
+fn seconds(s: &str) -> Result<f64, String> {
+    let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=86_400.0).contains(&secs) {
+        Ok(secs)
+    } else {
+        Err(format!("{secs} is not from 0 to 86400 seconds"))
+    }
+}
+
+/// A span of seconds above 0 (a step's measured time, which rates divide by).
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    let secs = seconds(s)?;
+    if secs > 0.0 {
+        Ok(secs)
+    } else {
+        Err("0 seconds measure nothing".into())
     }
 }

@@ -247,13 +247,16 @@ fn record(ledger: &Mutex<Ledger>, me: usize, arrivals: &mut Vec<(String, Instant
 /// it was sent to after it committed (joins and leaves during it are not
 /// counted).
 fn recipients<'a>(ledger: &'a Ledger, p: &'a Posted) -> impl Iterator<Item = usize> + 'a {
-    ledger.spans.iter().filter_map(move |(&(user, room), spans)| {
-        let member = room == p.room
-            && spans
-                .iter()
-                .any(|s| s.from <= p.sent && s.to.is_none_or(|t| t >= p.committed));
-        member.then_some(user)
-    })
+    ledger
+        .spans
+        .iter()
+        .filter_map(move |(&(user, room), spans)| {
+            let member = room == p.room
+                && spans
+                    .iter()
+                    .any(|s| s.from <= p.sent && s.to.is_none_or(|t| t >= p.committed));
+            member.then_some(user)
+        })
 }
 
 /// Waits for the last deliveries after the posters stopped: until the
@@ -265,7 +268,10 @@ fn recipients<'a>(ledger: &'a Ledger, p: &'a Posted) -> impl Iterator<Item = usi
 async fn wait_for_deliveries(ledger: &Mutex<Ledger>, arrived: &AtomicU64) {
     let expected: u64 = {
         let l = ledger.lock().unwrap();
-        l.posted.values().map(|p| recipients(&l, p).count() as u64).sum()
+        l.posted
+            .values()
+            .map(|p| recipients(&l, p).count() as u64)
+            .sum()
     };
     let started = Instant::now();
     let (mut last, mut changed) = (arrived.load(Ordering::Relaxed), Instant::now());

@@ -123,7 +123,10 @@ fn user_home_runs_quick_with_complete_outputs() {
     let dir = tempfile::tempdir().unwrap();
     let loads = dir.path().join("loads");
     let command = format!("echo loaded >> '{}'", loads.display());
-    let results = quick_run("user-home", &["--after-load", &command]);
+    let results = quick_run(
+        "user-home",
+        &["--after-load", &command, "--warmup-seconds", "0.2"],
+    );
     let plots: Vec<&str> = results["plots"]
         .as_array()
         .unwrap()
@@ -166,6 +169,33 @@ fn chat_runs_quick_with_complete_outputs() {
         assert!(p["delivered"].as_u64().unwrap() > 0, "{p}");
         assert_eq!(p["missed"], 0, "{p}");
         assert_eq!(p["duplicates"], 0, "{p}");
+    }
+}
+
+#[test]
+fn spans_of_seconds_out_of_range_are_refused() {
+    for (flag, value, says) in [
+        ("--step-seconds", "0", "0 seconds measure nothing"),
+        ("--step-seconds", "-1", "-1 is not from 0 to 86400 seconds"),
+        (
+            "--warmup-seconds",
+            "NaN",
+            "NaN is not from 0 to 86400 seconds",
+        ),
+        (
+            "--settle-seconds",
+            "1e9",
+            "1000000000 is not from 0 to 86400 seconds",
+        ),
+        ("--warmup-seconds", "soon", "\"soon\" is not a number"),
+    ] {
+        let run = Command::new(TARN)
+            .args(["bench", "user-home", "--quick", &format!("{flag}={value}")])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(says), "{flag} {value}: {stderr}");
     }
 }
 
