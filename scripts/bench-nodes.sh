@@ -9,8 +9,9 @@
 # each pool size (tarn bench --after-load): it flushes every node's memtables
 # and waits for their compactions, so that every size is read from sstables
 # (not the smallest from memtables alone) on a quiet cluster; FLUSH=0 does not.
-# On Cassandra the nodes run the full JIT, and every step runs its users
-# WARMUP seconds (default 45) before measuring them.
+# On Cassandra the nodes run the full JIT, and each step warms its users up
+# WARMUP seconds (default 45; tarn bench --warmup-seconds, which custard and
+# chat ignore) before measuring them: set WARMUP rather than passing the flag.
 # Needs nginx (apt-get install nginx) for the two-node run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ case $STORE in
   postgres) export TARN_PG_DURABLE=1; WITH=scripts/with-postgres.sh ;;
   cassandra) WITH=scripts/with-cassandra.sh
     # The nodes' full JIT (C2), as in production; tests stop at C1. It
-    # compiles under load for about a minute: each step warms up 45 s.
+    # compiles under load for about a minute: steps warm up 45 s.
     export TARN_CASSANDRA_JVM_OPTS=${TARN_CASSANDRA_JVM_OPTS--XX:TieredStopAtLevel=4}
     export TARN_WARMUP=${WARMUP:-45}
     if [ "$WORKLOAD" = user-home ] && [ "${FLUSH:-1}" != 0 ]; then
@@ -39,9 +40,9 @@ set -euo pipefail
 WORKLOAD=$1; OUT=$2; shift 2
 free_port() { python3 -c "import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); print(s.getsockname()[1]); s.close()"; }
 PIDS=()
-AFTER=()
-if [ -n "${TARN_AFTER_LOAD:-}" ]; then AFTER=(--after-load "$TARN_AFTER_LOAD"); fi
-if [ -n "${TARN_WARMUP:-}" ]; then AFTER+=(--warmup-seconds "$TARN_WARMUP"); fi
+BENCH_FLAGS=()
+if [ -n "${TARN_AFTER_LOAD:-}" ]; then BENCH_FLAGS=(--after-load "$TARN_AFTER_LOAD"); fi
+if [ -n "${TARN_WARMUP:-}" ]; then BENCH_FLAGS+=(--warmup-seconds "$TARN_WARMUP"); fi
 cleanup() { for p in "${PIDS[@]}"; do kill $p 2>/dev/null || true; done; [ -n "${NGINX_DIR:-}" ] && nginx -p "$NGINX_DIR" -c "$NGINX_DIR/nginx.conf" -s stop 2>/dev/null || true; }
 trap cleanup EXIT
 store_url() { # schema (PostgreSQL) or keyspace (Cassandra)
@@ -59,7 +60,7 @@ node() { # schema port
 if [ "$TARN_RUNS" != 2 ]; then
 P1=$(free_port); node one $P1
 ./target/release/tarn bench "$WORKLOAD" --url http://127.0.0.1:$P1 --admin-password bench-admin-password \
-  --server-pid ${PIDS[0]} --out "$OUT/$WORKLOAD-$STORE-1node" "${AFTER[@]}" "$@"
+  --server-pid ${PIDS[0]} --out "$OUT/$WORKLOAD-$STORE-1node" "${BENCH_FLAGS[@]}" "$@"
 kill ${PIDS[0]}; PIDS=()
 fi
 [ "$TARN_RUNS" = 1 ] && exit 0
@@ -72,5 +73,5 @@ sed -e "s/127.0.0.1:7701/127.0.0.1:$PA/; s/127.0.0.1:7702/127.0.0.1:$PB/; s/list
 nginx -p "$NGINX_DIR" -c "$NGINX_DIR/nginx.conf"
 until curl -sf http://127.0.0.1:$PL/api/v1/health >/dev/null; do sleep 0.2; done
 ./target/release/tarn bench "$WORKLOAD" --url http://127.0.0.1:$PL --admin-password bench-admin-password \
-  --server-pid ${PIDS[0]},${PIDS[1]} --out "$OUT/$WORKLOAD-$STORE-2nodes" "${AFTER[@]}" "$@"
+  --server-pid ${PIDS[0]},${PIDS[1]} --out "$OUT/$WORKLOAD-$STORE-2nodes" "${BENCH_FLAGS[@]}" "$@"
 ' _ "$WORKLOAD" "$OUT" "$@"

@@ -81,7 +81,8 @@ pub struct Options {
     pub server_exe: PathBuf,
     /// Overrides the measured seconds of each step.
     pub step_seconds: Option<f64>,
-    /// Overrides the warm-up seconds of each step's users.
+    /// Overrides the warm-up seconds of each step's users, in the
+    /// workloads that warm up (not custard's burst, nor chat).
     pub warmup_seconds: Option<f64>,
     /// Seconds to wait after loading each pool size (user-home).
     pub settle_seconds: f64,
@@ -171,7 +172,8 @@ pub struct Kit {
     /// Processes sampled for server CPU and memory.
     pub(crate) pids: Vec<u32>,
     step_seconds: Option<f64>,
-    warmup_seconds: Option<f64>,
+    /// Overrides the warm-up of each step's users (`Kit::step`).
+    pub warmup_seconds: Option<f64>,
     /// Seconds to wait after a load before measuring.
     pub settle_seconds: f64,
     /// A shell command run after a load, before the settle.
@@ -219,7 +221,8 @@ impl Kit {
         )
     }
 
-    /// Runs a step: the users, then health at the same concurrency.
+    /// Runs a step: the users, warmed up for `--warmup-seconds` when given,
+    /// then health at the same concurrency.
     pub async fn step(
         &self,
         name: String,
@@ -227,17 +230,13 @@ impl Kit {
         users: Vec<Box<dyn Vu>>,
     ) -> Step {
         let (warmup, measure) = self.durations();
-        self.step_timed(
-            name,
-            params,
-            users,
-            warmup.as_secs_f64(),
-            measure.as_secs_f64(),
-        )
-        .await
+        let users_warmup = self.warmup_seconds.map_or(warmup, Duration::from_secs_f64);
+        self.run_step(name, params, users, users_warmup, warmup, measure)
+            .await
     }
 
-    /// [`Kit::step`] with its own warm-up and measured seconds.
+    /// [`Kit::step`] with its own warm-up and measured seconds (the measured
+    /// ones overridden by `--step-seconds`), whatever `--warmup-seconds` says.
     pub async fn step_timed(
         &self,
         name: String,
@@ -246,10 +245,23 @@ impl Kit {
         warmup: f64,
         measure: f64,
     ) -> Step {
-        let n = users.len();
-        let measure = Duration::from_secs_f64(self.step_seconds.unwrap_or(measure));
         let warmup = Duration::from_secs_f64(warmup);
-        let users_warmup = self.warmup_seconds.map_or(warmup, Duration::from_secs_f64);
+        let measure = Duration::from_secs_f64(measure);
+        self.run_step(name, params, users, warmup, warmup, measure)
+            .await
+    }
+
+    async fn run_step(
+        &self,
+        name: String,
+        params: BTreeMap<String, Value>,
+        users: Vec<Box<dyn Vu>>,
+        users_warmup: Duration,
+        warmup: Duration,
+        measure: Duration,
+    ) -> Step {
+        let n = users.len();
+        let measure = self.step_seconds.map_or(measure, Duration::from_secs_f64);
         let bar = progress_timer(&name, users_warmup + measure);
         let sampler = (!self.pids.is_empty()).then(|| ProcSampler::start(self.pids.clone()));
         let rec = measure::closed_loop(users, users_warmup, measure).await;

@@ -111,8 +111,9 @@ struct BenchArgs {
     #[arg(long, value_parser = positive_seconds)]
     step_seconds: Option<f64>,
     /// Seconds each step runs its users before measuring them (overrides
-    /// the workload's own, 0.5–2): for a database whose JIT compiler warms
-    /// up under load, as Cassandra's does.
+    /// the workload's own, 0.5–2; custard's burst and chat do not warm up
+    /// and ignore it): for a database whose JIT compiler warms up under
+    /// load, as Cassandra's does.
     #[arg(long, value_parser = seconds)]
     warmup_seconds: Option<f64>,
     /// Seconds to wait after loading each pool size before measuring it
@@ -753,12 +754,13 @@ fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A span of seconds above 0 (a step's measured time, which rates divide by).
+/// A span of seconds of at least a millisecond (a step's measured time,
+/// which its rates divide by).
 fn positive_seconds(s: &str) -> Result<f64, String> {
     let secs = seconds(s)?;
-    if secs > 0.0 {
+    if secs >= 0.001 {
         Ok(secs)
     } else {
-        Err("0 seconds measure nothing".into())
+        Err(format!("{secs} seconds measure nothing: at least 0.001"))
     }
 }

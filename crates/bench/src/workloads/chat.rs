@@ -8,7 +8,7 @@
 //! once: the kit counts missed and duplicate deliveries, and times each
 //! delivery from the post's commit to its arrival.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -163,6 +163,7 @@ async fn reader_loop(
     let mut last: Option<String> = None;
     let mut announced = false;
     let mut arrivals: Vec<(String, Instant)> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
     while !stop.load(Ordering::Relaxed) {
         let stream = http
             .events("/api/v1/events?kind=message", Some(&token), last.as_deref())
@@ -203,8 +204,10 @@ async fn reader_loop(
                     }
                     if let Ok(Delivered { item: Some(item) }) = serde_json::from_str(&e.data) {
                         if let Some(m) = item.properties.msg {
+                            if seen.insert(m.clone()) {
+                                arrived.fetch_add(1, Ordering::Relaxed);
+                            }
                             arrivals.push((m, at));
-                            arrived.fetch_add(1, Ordering::Relaxed);
                         }
                     }
                 }
@@ -243,34 +246,46 @@ fn record(ledger: &Mutex<Ledger>, me: usize, arrivals: &mut Vec<(String, Instant
     }
 }
 
+/// Each room's users and when they were members of it.
+type Rooms<'a> = HashMap<usize, Vec<(usize, &'a [Span])>>;
+
+fn rooms(ledger: &Ledger) -> Rooms<'_> {
+    let mut rooms = Rooms::new();
+    for (&(user, room), spans) in &ledger.spans {
+        rooms.entry(room).or_default().push((user, spans));
+    }
+    rooms
+}
+
 /// The users who must get a post: members for the whole of it, from before
 /// it was sent to after it committed (joins and leaves during it are not
 /// counted).
-fn recipients<'a>(ledger: &'a Ledger, p: &'a Posted) -> impl Iterator<Item = usize> + 'a {
-    ledger
-        .spans
-        .iter()
-        .filter_map(move |(&(user, room), spans)| {
-            let member = room == p.room
-                && spans
-                    .iter()
-                    .any(|s| s.from <= p.sent && s.to.is_none_or(|t| t >= p.committed));
-            member.then_some(user)
-        })
+fn recipients<'a>(rooms: &'a Rooms<'_>, p: &'a Posted) -> impl Iterator<Item = usize> + 'a {
+    let members = rooms.get(&p.room).map_or(&[][..], Vec::as_slice);
+    members.iter().filter_map(move |&(user, spans)| {
+        let member = spans
+            .iter()
+            .any(|s| s.from <= p.sent && s.to.is_none_or(|t| t >= p.committed));
+        member.then_some(user)
+    })
 }
 
 /// Waits for the last deliveries after the posters stopped: until the
-/// readers have counted as many arrivals as there are deliveries to make
-/// and nothing arrived for a moment, or nothing arrived for
-/// [`QUIET_LONG`], or [`LAST_DELIVERY_WAIT`] passed. Arrivals include a
-/// few the tally does not expect (to members who joined or left during a
-/// post), so the count reaching its target is a hint, not a proof.
+/// readers have counted as many messages as there are deliveries to make
+/// and nothing arrived for [`QUIET_SHORT`], or nothing arrived for
+/// [`QUIET_LONG`], or [`LAST_DELIVERY_WAIT`] passed. A reader counts a
+/// message the first time it gets it, but the count still takes in some
+/// the tally does not expect (to members who joined or left during a post,
+/// or posts whose answer never came), so its reaching the target is a hint,
+/// not a proof: hence a quiet spell longer than the feed's lag and a
+/// reconnect.
 async fn wait_for_deliveries(ledger: &Mutex<Ledger>, arrived: &AtomicU64) {
     let expected: u64 = {
         let l = ledger.lock().unwrap();
+        let rooms = rooms(&l);
         l.posted
             .values()
-            .map(|p| recipients(&l, p).count() as u64)
+            .map(|p| recipients(&rooms, p).count() as u64)
             .sum()
     };
     let started = Instant::now();
@@ -289,7 +304,7 @@ async fn wait_for_deliveries(ledger: &Mutex<Ledger>, arrived: &AtomicU64) {
 }
 
 /// How long arrivals must stop once they reached the expected count.
-const QUIET_SHORT: Duration = Duration::from_millis(500);
+const QUIET_SHORT: Duration = Duration::from_secs(2);
 /// How long arrivals must stop before the kit gives up on the rest.
 const QUIET_LONG: Duration = Duration::from_secs(5);
 /// The longest wait for the last deliveries.
@@ -317,8 +332,9 @@ fn tally(ledger: &Ledger) -> Tally {
             latency.saturating_record(us);
         }
     }
+    let rooms = rooms(ledger);
     for (msg, p) in &ledger.posted {
-        for user in recipients(ledger, p) {
+        for user in recipients(&rooms, p) {
             expected += 1;
             if ledger.arrivals.contains_key(&(user, msg.clone())) {
                 delivered += 1;

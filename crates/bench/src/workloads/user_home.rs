@@ -128,6 +128,7 @@ pub async fn run(kit: &Kit) -> Result<WorkloadRun> {
     Ok(WorkloadRun {
         params: json!({"sizes": sizes, "users": users, "page": 25, "index": FIELD,
                        "settle_seconds": kit.settle_seconds,
+                       "warmup_seconds": kit.warmup_seconds,
                        "after_load": kit.after_load}),
         steps,
         marks,

@@ -138,6 +138,7 @@ fn user_home_runs_quick_with_complete_outputs() {
     let loads = std::fs::read_to_string(&loads).unwrap();
     assert_eq!(loads, "loaded\nloaded\n");
     assert!(results["params"]["after_load"].is_string());
+    assert_eq!(results["params"]["warmup_seconds"], 0.2);
 }
 
 #[test]
@@ -176,6 +177,11 @@ fn chat_runs_quick_with_complete_outputs() {
 fn spans_of_seconds_out_of_range_are_refused() {
     for (flag, value, says) in [
         ("--step-seconds", "0", "0 seconds measure nothing"),
+        (
+            "--step-seconds",
+            "1e-10",
+            "0.0000000001 seconds measure nothing",
+        ),
         ("--step-seconds", "-1", "-1 is not from 0 to 86400 seconds"),
         (
             "--warmup-seconds",
