@@ -31,8 +31,25 @@ pub(crate) fn map_exec(e: ExecutionError) -> StoreError {
     }
 }
 
+/// Whether the coordinator refused a statement because it does not know the
+/// store's keyspace or table (yet): a node that missed the schema change
+/// while it was down answers so until gossip brings it. The store created
+/// both when it connected, so this passes; see `retry.rs`.
+pub(crate) fn schema_lag(db: &DbError, msg: &str) -> bool {
+    let msg = msg.to_ascii_lowercase();
+    matches!(db, DbError::Invalid)
+        && ((msg.contains("does not exist")
+            && (msg.contains("keyspace ") || msg.contains("table ")))
+            || msg.contains("unconfigured table"))
+}
+
 fn map_db(db: &DbError, msg: &str) -> StoreError {
     let text = format!("{db}: {msg}");
+    if schema_lag(db, msg) {
+        return StoreError::Unavailable(format!(
+            "{text} (a Cassandra node has not learnt the schema yet)"
+        ));
+    }
     match db {
         DbError::SyntaxError | DbError::Invalid | DbError::ConfigError => {
             if msg.contains("Batch too large") {

@@ -170,6 +170,7 @@ mod error;
 mod feed;
 mod intent;
 mod read;
+mod retry;
 mod schema;
 mod sweep;
 mod url;
@@ -318,6 +319,7 @@ impl CassandraStore {
             .consistency(Cl::Quorum)
             .serial_consistency(Some(SerialConsistency::Serial))
             .request_timeout(Some(options.request_timeout))
+            .retry_policy(Arc::new(retry::StorePolicy))
             .build();
         let session = SessionBuilder::new()
             .known_nodes(&target.hosts)

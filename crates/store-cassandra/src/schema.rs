@@ -125,7 +125,7 @@ async fn run_ddl(session: &Session, stmt: String) -> StoreResult<()> {
             .map_err(map_exec)
         {
             Ok(_) => return Ok(()),
-            Err(StoreError::Invalid(m)) if attempt < 20 && m.contains("exist") => {
+            Err(StoreError::Unavailable(m)) if attempt < 20 && m.contains("does not exist") => {
                 attempt += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
             }

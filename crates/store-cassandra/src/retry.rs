@@ -1,0 +1,110 @@
+//! The driver's retry policy for every statement of the store: the driver's
+//! default, plus another node for a coordinator that does not know the
+//! store's keyspace or table yet.
+//!
+//! A Cassandra node that was down while the keyspace was created (or that
+//! lost its last schema change to a kill) learns the schema from the others
+//! by gossip some time after it takes clients again. Until then it refuses
+//! every statement on the keyspace with `Invalid: keyspace ... does not
+//! exist`. The refusal comes before anything runs, so sending the statement
+//! to the next node is safe for any statement, idempotent or not.
+
+use scylla::errors::RequestAttemptError;
+use scylla::policies::retry::{
+    DefaultRetryPolicy, RequestInfo, RetryDecision, RetryPolicy, RetrySession,
+};
+
+use crate::error::schema_lag;
+
+/// How many other nodes a statement refused for schema lag is sent to: with
+/// a replication factor of three, a second refusal means two nodes lag,
+/// which a retry later (503, Retry-After) serves better than a third.
+const SCHEMA_LAG_RETRIES: u8 = 2;
+
+/// [`DefaultRetryPolicy`], and the next node for a statement refused by a
+/// coordinator that lags behind the schema.
+#[derive(Debug, Default)]
+pub(crate) struct StorePolicy;
+
+impl RetryPolicy for StorePolicy {
+    fn new_session(&self) -> Box<dyn RetrySession> {
+        Box::new(StoreSession {
+            default: DefaultRetryPolicy::new().new_session(),
+            lag_retries: 0,
+        })
+    }
+}
+
+struct StoreSession {
+    default: Box<dyn RetrySession>,
+    lag_retries: u8,
+}
+
+impl StoreSession {
+    /// Whether `error` is a refusal for schema lag to send to the next node.
+    fn passes_over(&mut self, error: &RequestAttemptError) -> bool {
+        if let RequestAttemptError::DbError(db, msg) = error {
+            if schema_lag(db, msg) && self.lag_retries < SCHEMA_LAG_RETRIES {
+                self.lag_retries += 1;
+                return true;
+            }
+        }
+        false
+    }
+}
+
+impl RetrySession for StoreSession {
+    fn decide_should_retry(&mut self, info: RequestInfo) -> RetryDecision {
+        if self.passes_over(info.error) {
+            return RetryDecision::RetryNextTarget(None);
+        }
+        self.default.decide_should_retry(info)
+    }
+
+    fn reset(&mut self) {
+        self.default.reset();
+        self.lag_retries = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use scylla::errors::DbError;
+
+    use super::*;
+
+    fn session() -> StoreSession {
+        StoreSession {
+            default: DefaultRetryPolicy::new().new_session(),
+            lag_retries: 0,
+        }
+    }
+
+    #[test]
+    fn a_node_behind_the_schema_is_passed_over_twice() {
+        let lag = RequestAttemptError::DbError(
+            DbError::Invalid,
+            "keyspace n_18ebe11ccb3b6db7_27364 does not exist".into(),
+        );
+        let table =
+            RequestAttemptError::DbError(DbError::Invalid, "table tarn.rows does not exist".into());
+        let mut s = session();
+        assert!(s.passes_over(&lag));
+        assert!(s.passes_over(&table));
+        assert!(!s.passes_over(&lag), "a third node is not asked");
+        s.reset();
+        assert!(s.passes_over(&lag), "a new request starts again");
+    }
+
+    #[test]
+    fn other_refusals_are_left_to_the_default() {
+        let mut s = session();
+        for other in [
+            RequestAttemptError::DbError(DbError::Invalid, "Batch too large".into()),
+            RequestAttemptError::DbError(DbError::SyntaxError, "table rows does not exist".into()),
+            RequestAttemptError::UnableToAllocStreamId,
+        ] {
+            assert!(!s.passes_over(&other), "{other}");
+        }
+    }
+}
