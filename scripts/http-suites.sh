@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the HTTP suite (crates/server/tests/it) on every store and node count
-# that `make test` covers after `cargo test --workspace`: SQLite and
-# PostgreSQL with one node; the in-memory store, PostgreSQL and Cassandra
-# with two nodes taking requests in turn. Needs TARN_TEST_POSTGRES and
+# that `make test` covers after `cargo test --workspace`: SQLite,
+# PostgreSQL and Cassandra with one node; the in-memory store, PostgreSQL
+# and Cassandra with two nodes taking requests in turn. Needs TARN_TEST_POSTGRES and
 # TARN_TEST_CASSANDRA (scripts/with-postgres.sh, scripts/with-cassandra.sh).
 #
 # It runs the test binary that `cargo test --workspace` built rather than
@@ -33,4 +33,5 @@ run TARN_TEST_NODES=2
 run TARN_TEST_STORE=sqlite
 run TARN_TEST_STORE=postgres
 run TARN_TEST_STORE=postgres TARN_TEST_NODES=2
+run TARN_TEST_STORE=cassandra
 run TARN_TEST_STORE=cassandra TARN_TEST_NODES=2

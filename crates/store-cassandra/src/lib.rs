@@ -85,8 +85,8 @@
 //!   unavailability and broken connections are retried with backoff for
 //!   up to [`CassandraOptions::write_retry_window`] (long enough to ride
 //!   out the failure detector after a node dies). Reads are retried once
-//!   on another replica by the driver. The transaction is never resent.
-//!   A node that does not know the keyspace or table yet (it was down when
+//!   on another replica by the driver. The transaction is never resent
+//!   once it may have run. A node that does not know the keyspace or table yet (it was down when
 //!   they were made and takes clients before gossip has brought them)
 //!   refuses every statement before running it; such a statement goes to
 //!   the next node, up to twice, and is [`StoreError::Unavailable`] if
@@ -324,7 +324,7 @@ impl CassandraStore {
             .consistency(Cl::Quorum)
             .serial_consistency(Some(SerialConsistency::Serial))
             .request_timeout(Some(options.request_timeout))
-            .retry_policy(Arc::new(retry::StorePolicy))
+            .retry_policy(Arc::new(retry::StorePolicy::or_default()))
             .build();
         let session = SessionBuilder::new()
             .known_nodes(&target.hosts)

@@ -7,11 +7,15 @@
 //! by gossip some time after it takes clients again. Until then it refuses
 //! every statement on the keyspace with `Invalid: keyspace ... does not
 //! exist`. The refusal comes before anything runs, so sending the statement
-//! to the next node is safe for any statement, idempotent or not.
+//! to the next node is safe for any statement, idempotent or not, a
+//! lightweight transaction included.
 
 use scylla::errors::RequestAttemptError;
+use std::sync::Arc;
+
 use scylla::policies::retry::{
-    DefaultRetryPolicy, RequestInfo, RetryDecision, RetryPolicy, RetrySession,
+    DefaultRetryPolicy, FallthroughRetryPolicy, RequestInfo, RetryDecision, RetryPolicy,
+    RetrySession,
 };
 
 use crate::error::schema_lag;
@@ -21,22 +25,42 @@ use crate::error::schema_lag;
 /// which a retry later (503, Retry-After) serves better than a third.
 const SCHEMA_LAG_RETRIES: u8 = 2;
 
-/// [`DefaultRetryPolicy`], and the next node for a statement refused by a
+/// Another policy, and the next node for a statement refused by a
 /// coordinator that lags behind the schema.
-#[derive(Debug, Default)]
-pub(crate) struct StorePolicy;
+#[derive(Debug)]
+pub(crate) struct StorePolicy {
+    otherwise: Arc<dyn RetryPolicy>,
+}
+
+impl StorePolicy {
+    /// The driver's default otherwise: for reads and idempotent writes.
+    pub(crate) fn or_default() -> StorePolicy {
+        StorePolicy {
+            otherwise: Arc::new(DefaultRetryPolicy::new()),
+        }
+    }
+
+    /// Nothing else retried by the driver: for a lightweight transaction,
+    /// whose unknown outcome the store learns itself, and for `SERIAL`
+    /// reads, which the store retries knowing what it looks for.
+    pub(crate) fn or_fall_through() -> StorePolicy {
+        StorePolicy {
+            otherwise: Arc::new(FallthroughRetryPolicy::new()),
+        }
+    }
+}
 
 impl RetryPolicy for StorePolicy {
     fn new_session(&self) -> Box<dyn RetrySession> {
         Box::new(StoreSession {
-            default: DefaultRetryPolicy::new().new_session(),
+            otherwise: self.otherwise.new_session(),
             lag_retries: 0,
         })
     }
 }
 
 struct StoreSession {
-    default: Box<dyn RetrySession>,
+    otherwise: Box<dyn RetrySession>,
     lag_retries: u8,
 }
 
@@ -58,11 +82,11 @@ impl RetrySession for StoreSession {
         if self.passes_over(info.error) {
             return RetryDecision::RetryNextTarget(None);
         }
-        self.default.decide_should_retry(info)
+        self.otherwise.decide_should_retry(info)
     }
 
     fn reset(&mut self) {
-        self.default.reset();
+        self.otherwise.reset();
         self.lag_retries = 0;
     }
 }
@@ -75,7 +99,7 @@ mod tests {
 
     fn session() -> StoreSession {
         StoreSession {
-            default: DefaultRetryPolicy::new().new_session(),
+            otherwise: DefaultRetryPolicy::new().new_session(),
             lag_retries: 0,
         }
     }

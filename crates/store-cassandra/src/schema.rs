@@ -2,13 +2,13 @@
 //! statements every operation uses.
 
 use scylla::client::session::Session;
-use scylla::policies::retry::FallthroughRetryPolicy;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, Statement};
 use std::sync::Arc;
 use tarn_store::{Direction, StoreError, StoreResult};
 
 use crate::error::{map_exec, map_prepare};
+use crate::retry::StorePolicy;
 use crate::url::Target;
 
 /// The table's name in its keyspace.
@@ -294,11 +294,12 @@ fn quorum(mut s: PreparedStatement) -> PreparedStatement {
     s
 }
 
-/// A linearizable read through Paxos. The driver never retries SERIAL
-/// reads itself; the store does, knowing what it looks for.
+/// A linearizable read through Paxos. The driver does not retry SERIAL
+/// reads itself (but for a node behind the schema: `retry.rs`); the store
+/// does, knowing what it looks for.
 fn serial(mut s: PreparedStatement) -> PreparedStatement {
     s.set_consistency(Consistency::Serial);
-    s.set_retry_policy(Some(Arc::new(FallthroughRetryPolicy::new())));
+    s.set_retry_policy(Some(Arc::new(StorePolicy::or_fall_through())));
     s
 }
 

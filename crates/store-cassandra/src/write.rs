@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt, TryStreamExt};
-use scylla::policies::retry::FallthroughRetryPolicy;
 use scylla::response::query_result::QueryResult;
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch as CqlBatch, BatchType};
@@ -17,6 +16,7 @@ use tarn_store::{Expect, Guard, Key, Op, StoreError, StoreResult};
 
 use crate::error::{self, classify_lwt, map_exec, LwtFailure};
 use crate::intent;
+use crate::retry::StorePolicy;
 use crate::schema::{Cond, KIND_ROW};
 use crate::{bump, rows_of, version_i64, version_u64, wall_micros, Inner};
 
@@ -310,8 +310,9 @@ impl Inner {
         b.set_serial_consistency(Some(SerialConsistency::Serial));
         b.set_is_idempotent(false);
         // Never resent blindly: an outcome the driver cannot know is learnt
-        // from the intent (`resolve`).
-        b.set_retry_policy(Some(Arc::new(FallthroughRetryPolicy::new())));
+        // from the intent (`resolve`). Only a refusal before it ran, by a
+        // node behind the schema, sends it to another node (`retry.rs`).
+        b.set_retry_policy(Some(Arc::new(StorePolicy::or_fall_through())));
         (b, values)
     }
 
