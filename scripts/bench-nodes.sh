@@ -8,7 +8,8 @@
 # On Cassandra, user-home runs scripts/cassandra/after-load.sh after loading
 # each pool size (tarn bench --after-load): it flushes every node's memtables
 # and waits for their compactions, so that every size is read from sstables
-# (not the smallest from memtables alone) on a quiet cluster; FLUSH=0 does not.
+# (not the smallest from memtables alone) on a quiet cluster; FLUSH=0 does not,
+# and COMPACT=1 also compacts each node (nodetool compact) before the wait.
 # On Cassandra the nodes run the full JIT, and each step warms its users up
 # WARMUP seconds (default 45; tarn bench --warmup-seconds, which custard and
 # chat ignore) before measuring them: set WARMUP rather than passing the flag.

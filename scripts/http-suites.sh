@@ -2,8 +2,9 @@
 # Runs the HTTP suite (crates/server/tests/it) on every store and node count
 # that `make test` covers after `cargo test --workspace`: SQLite,
 # PostgreSQL and Cassandra with one node; the in-memory store, PostgreSQL
-# and Cassandra with two nodes taking requests in turn. Needs TARN_TEST_POSTGRES and
-# TARN_TEST_CASSANDRA (scripts/with-postgres.sh, scripts/with-cassandra.sh).
+# and Cassandra with two nodes taking requests in turn. Needs
+# TARN_TEST_POSTGRES and TARN_TEST_CASSANDRA (scripts/with-postgres.sh,
+# scripts/with-cassandra.sh).
 #
 # It runs the test binary that `cargo test --workspace` built rather than
 # `cargo test -p tarn-server`: features are unified over the packages a

@@ -4,11 +4,31 @@
 # node has a compaction pending or running, so that each pool size is read
 # from sstables on a cluster that is done with its load. Fails if nodetool
 # does, or if compactions still run 10 minutes after the flush. Says on
-# stderr how long the flush and the wait took together.
+# stderr how long the flush and the wait took together, and how many
+# sstables each node's bench table then has (a read slices every one that
+# holds its partition: a bucket partition is in all of them). COMPACT=1
+# also compacts each node's tables (nodetool compact; leveled compaction
+# then keeps one sstable a level while the data is under its 160 MiB
+# sstable size) before the wait, so that every size is read from the same
+# number of sstables. The 10 minutes count from the flush, the compaction
+# included.
 set -euo pipefail
 CTL=${TARN_TEST_CASSANDRA_CTL:?run under scripts/with-cassandra.sh}
 start=$(date +%s)
 for n in 1 2 3; do "$CTL" nodetool "$n" flush >/dev/null; done
+if [ "${COMPACT:-0}" = 1 ]; then
+  for n in 1 2 3; do "$CTL" nodetool "$n" compact >/dev/null; done
+fi
+sstables() { # the bench keyspaces' sstables on each node (diagnostic only)
+  for n in 1 2 3; do
+    "$CTL" nodetool "$n" tablestats 2>/dev/null | awk -v n="$n" '
+      /^Keyspace *: / { ks = $NF }
+      ks !~ /^bench_/ { next }
+      /^[ \t]*SSTable count:/ { printf "node %s %s: %s sstables\n", n, ks, $NF }
+      /^[ \t]*SSTables in each level:/ { sub(/.*level: /, ""); printf "node %s %s: by level %s\n", n, ks, $0 }' ||
+      echo "node $n: nodetool tablestats failed"
+  done
+}
 busy() { # node: is a compaction pending or running?
   local out
   out=$("$CTL" nodetool "$1" compactionstats) || { echo "after-load: nodetool compactionstats failed on node $1" >&2; exit 1; }
@@ -21,7 +41,8 @@ while (( $(date +%s) - start < 600 )); do
   quiet=1
   for n in 1 2 3; do if busy "$n"; then quiet=0; fi; done
   if [ $quiet = 1 ]; then
-    echo "after-load: flushed, and no compaction left, after $(( $(date +%s) - start )) s" >&2
+    echo "after-load: flushed${COMPACT:+ (COMPACT=$COMPACT)}, and no compaction left, after $(( $(date +%s) - start )) s" >&2
+    sstables | sed 's/^/after-load: /' >&2
     exit 0
   fi
   sleep 5

@@ -31,23 +31,31 @@ pub(crate) fn map_exec(e: ExecutionError) -> StoreError {
     }
 }
 
+/// What [`StoreError::Unavailable`] says after a refusal for schema lag
+/// (schema.rs looks for it).
+pub(crate) const SCHEMA_LAG: &str = "a Cassandra node does not know the keyspace or table";
+
 /// Whether the coordinator refused a statement because it does not know the
-/// store's keyspace or table (yet): a node that missed the schema change
-/// while it was down answers so until gossip brings it. The store created
-/// both when it connected, so this passes; see `retry.rs`.
+/// store's keyspace or table: a node that missed the schema change while it
+/// was down answers so until gossip brings it. The store created both when
+/// it connected, so the refusal is transient (unless an operator dropped
+/// them); see `retry.rs`. Cassandra 5 says `keyspace x does not exist` and
+/// `table x does not exist` to statements, `Keyspace 'x' doesn't exist`
+/// and `Table 'x' doesn't exist` to schema changes; 3.x said `unconfigured
+/// table x`.
 pub(crate) fn schema_lag(db: &DbError, msg: &str) -> bool {
     let msg = msg.to_ascii_lowercase();
     matches!(db, DbError::Invalid)
-        && ((msg.contains("does not exist")
-            && (msg.contains("keyspace ") || msg.contains("table ")))
-            || msg.contains("unconfigured table"))
+        && (((msg.starts_with("keyspace ") || msg.starts_with("table "))
+            && (msg.ends_with("does not exist") || msg.ends_with("doesn't exist")))
+            || msg.starts_with("unconfigured table "))
 }
 
 fn map_db(db: &DbError, msg: &str) -> StoreError {
     let text = format!("{db}: {msg}");
     if schema_lag(db, msg) {
         return StoreError::Unavailable(format!(
-            "{text} (a Cassandra node has not learnt the schema yet)"
+            "{text} ({SCHEMA_LAG}: not learnt yet, or dropped)"
         ));
     }
     match db {

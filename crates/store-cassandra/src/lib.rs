@@ -86,11 +86,12 @@
 //!   up to [`CassandraOptions::write_retry_window`] (long enough to ride
 //!   out the failure detector after a node dies). Reads are retried once
 //!   on another replica by the driver. The transaction is never resent
-//!   once it may have run. A node that does not know the keyspace or table yet (it was down when
-//!   they were made and takes clients before gossip has brought them)
-//!   refuses every statement before running it; such a statement goes to
-//!   the next node, up to twice, and is [`StoreError::Unavailable`] if
-//!   they refuse too (`retry.rs`).
+//!   once it may have run. A node that does not know the keyspace or
+//!   table yet (it was down when they were made and takes clients before
+//!   gossip has brought them) refuses every statement before running it;
+//!   such a statement goes to the next node, up to twice, and is
+//!   [`StoreError::Unavailable`] if they refuse too (`retry.rs`), which the
+//!   engine retries as it does every unavailability before it answers 503.
 //!
 //! # What Cassandra guarantees under this mapping
 //!

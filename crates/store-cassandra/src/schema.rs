@@ -7,7 +7,7 @@ use scylla::statement::{Consistency, Statement};
 use std::sync::Arc;
 use tarn_store::{Direction, StoreError, StoreResult};
 
-use crate::error::{map_exec, map_prepare};
+use crate::error::{map_exec, map_prepare, SCHEMA_LAG};
 use crate::retry::StorePolicy;
 use crate::url::Target;
 
@@ -125,7 +125,7 @@ async fn run_ddl(session: &Session, stmt: String) -> StoreResult<()> {
             .map_err(map_exec)
         {
             Ok(_) => return Ok(()),
-            Err(StoreError::Unavailable(m)) if attempt < 20 && m.contains("does not exist") => {
+            Err(StoreError::Unavailable(m)) if attempt < 20 && m.contains(SCHEMA_LAG) => {
                 attempt += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
             }

@@ -598,7 +598,8 @@ fn search_across(url: &str) {
 
 /// A custard-like load through two nodes on the Cassandra cluster while one
 /// Cassandra node is killed and restarted: no request fails, and what was
-/// written while it was down is there once it is back.
+/// written while it was down is there once it is back. A keyspace made
+/// while it is down is served as it comes back, before it has learnt of it.
 #[test]
 fn a_cassandra_node_dies_under_load() {
     let ctl = std::env::var("TARN_TEST_CASSANDRA_CTL").expect(
@@ -730,11 +731,13 @@ fn a_cassandra_node_dies_under_load() {
         None,
         Some(json!({"username": "late", "password": "late-password"})),
     );
+    assert_eq!(r.status, 201);
     let late_token = r.json()["token"].as_str().unwrap().to_string();
     std::thread::sleep(std::time::Duration::from_secs(6));
     run(&["start", "2"]);
     // The Tarn node on the new keyspace, from the moment node 2 takes
-    // clients until the driver has surely reconnected to it.
+    // clients, for as long as the driver may take to reconnect to it (it
+    // did within this window in the run that showed the refusals).
     let mut late_statuses = std::collections::BTreeMap::<u16, u64>::new();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(8);
     let mut i = 0;
@@ -760,11 +763,11 @@ fn a_cassandra_node_dies_under_load() {
         *late_statuses.entry(r.status).or_default() += 1;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(
-        late_statuses.keys().copied().collect::<Vec<_>>(),
-        vec![200, 201],
+    assert!(
+        late_statuses.keys().all(|s| [200, 201].contains(s)),
         "a node that has not learnt a keyspace yet fails nothing on it: {late_statuses:?}"
     );
+    assert!(i >= 10, "the new keyspace was driven: {late_statuses:?}");
     let mut all = std::collections::BTreeMap::<u16, u64>::new();
     let mut made = Vec::new();
     for w in workers {
