@@ -456,6 +456,20 @@ impl Expansion {
     }
 }
 
+/// The score a hit shows, in impact units: its sum of impacts, and with
+/// `match=any` [`MATCHED`] more for each word matched past the first, so
+/// that scores fall down the page as the hits do (an item matching more
+/// words comes first whatever its impacts), and a one-word match scores
+/// the same in both modes.
+fn shown_score(score: u64, all: bool) -> f64 {
+    let score = if all {
+        score
+    } else {
+        score.saturating_sub(MATCHED)
+    };
+    score as f64 / 1000.0
+}
+
 /// The most an item could score given the impacts known of it: a word
 /// not read to its end may still hold it at the impact of the word's last
 /// row read.
@@ -518,11 +532,6 @@ impl Engine {
                     "where.{f} is given twice"
                 )));
             }
-        }
-        if q.kind.is_none() && !fields.is_empty() {
-            return Err(EngineError::InvalidInput(
-                "where needs a kind: the text index of that kind has the where-fields".into(),
-            ));
         }
         let distinct: HashSet<String> = words(&q.q).collect();
         if distinct.len() > MAX_WORDS {
@@ -599,7 +608,7 @@ impl Engine {
                         item: stored.item,
                         role,
                     },
-                    score: (p.score % MATCHED) as f64 / 1000.0,
+                    score: shown_score(p.score, q.all),
                 });
             }
         }
@@ -995,7 +1004,9 @@ fn choose(
                     && d.where_.len() == fields.len()
                     && d.where_.iter().all(|f| fields.contains_key(f))
             }
-            None => d.where_.is_empty(),
+            // Where-fields belong to a kind's text index: without a kind
+            // none serves them (the advice below names one to declare).
+            None => fields.is_empty() && d.where_.is_empty(),
         };
         if !fits {
             continue;

@@ -82,6 +82,58 @@ async fn search_over_http() {
     assert_eq!(count("q=green%20nothing&kind=doc&match=any", &ann).await, 2);
     assert_eq!(count("q=green%20nothing&kind=doc&match=all", &ann).await, 0);
     assert_eq!(count("q=green", &ann).await, 2, "without a kind");
+    // With match=any, an item matching more words comes first, and the
+    // scores fall down the page as the items do: one word in a short
+    // title outweighs two in a long body, yet shows the lower score.
+    let long = format!("oolong jasmine {}", "filler ".repeat(80));
+    let both = app
+        .item(
+            &ann,
+            "doc",
+            json!({"title": "notes", "body": long}),
+            json!([]),
+        )
+        .await;
+    let one = app
+        .item(&ann, "doc", json!({"title": "oolong"}), json!([]))
+        .await;
+    let page = app
+        .get(
+            "/api/v1/search?q=oolong%20jasmine&kind=doc&match=any",
+            Some(&ann),
+        )
+        .await
+        .expect(200)
+        .json();
+    let hits = page["items"].as_array().unwrap();
+    let ids: Vec<&Value> = hits.iter().map(|h| &h["id"]).collect();
+    assert_eq!(ids, [&both["id"], &one["id"]], "{page}");
+    let scores: Vec<f64> = hits.iter().map(|h| h["score"].as_f64().unwrap()).collect();
+    assert!(scores[0] > scores[1], "{scores:?}");
+    // A one-word match scores the same in both modes.
+    let alone = |m: &'static str| {
+        let app = &app;
+        let ann = ann.clone();
+        async move {
+            app.get(
+                &format!("/api/v1/search?q=oolong&kind=doc&match={m}"),
+                Some(&ann),
+            )
+            .await
+            .expect(200)
+            .json()["items"][0]["score"]
+                .as_f64()
+                .unwrap()
+        }
+    };
+    assert_eq!(alone("any").await, alone("all").await);
+    // Where-fields belong to a kind's text index: without a kind, no
+    // index serves them.
+    let r = app
+        .get("/api/v1/search?q=green&where.project=p1", Some(&ann))
+        .await
+        .expect(400);
+    assert_eq!(r.json()["type"], "no-index", "{}", r.text());
     // The default page is api.md's 50, like every other limit.
     for n in 0..51 {
         app.item(
