@@ -572,8 +572,12 @@ impl FromRequestParts<AppState> for ClientAddr {
     }
 }
 
-/// A JSON request body: `application/json`, at most the configured size,
-/// refused before it is read whole when it is larger.
+/// A JSON request body: `application/json` (or no `Content-Type` at all,
+/// as a client that forgot the header sends it), at most the configured
+/// size, refused before it is read whole when it is larger. Another media
+/// type is refused (`415`). (What keeps a cross-site page from writing with
+/// a visitor's session cookie is [`check_same_origin`], not the media
+/// type.)
 pub struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
@@ -592,7 +596,10 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             .unwrap_or("")
             .trim()
             .to_ascii_lowercase();
-        if essence != "application/json" && essence != "application/merge-patch+json" {
+        if !matches!(
+            essence.as_str(),
+            "" | "application/json" | "application/merge-patch+json"
+        ) {
             return Err(ApiError::new(
                 Code::UnsupportedMediaType,
                 "send JSON with Content-Type: application/json",

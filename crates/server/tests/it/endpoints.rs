@@ -1178,6 +1178,18 @@ async fn malformed_requests_are_problems() {
     app.raw(raw("{\"kind\":\"doc\"}", "text/plain"))
         .await
         .expect(415);
+    // A client that forgot the header sends JSON all the same.
+    let bare = |body: &'static str| {
+        Request::builder()
+            .method(Method::POST)
+            .uri("/api/v1/items")
+            .header("authorization", format!("Bearer {alice}"))
+            .body(Body::from(body))
+            .unwrap()
+    };
+    app.raw(bare("{\"kind\":\"doc\"}")).await.expect(201);
+    let r = app.raw(bare("{not json")).await.expect(400);
+    assert_eq!(r.json()["type"], "invalid-input");
     app.raw(raw("{\"kind\":\"doc\"}", "application/json; charset=utf-8"))
         .await
         .expect(201);
