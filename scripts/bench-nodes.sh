@@ -9,7 +9,8 @@
 # each pool size (tarn bench --after-load): it flushes every node's memtables
 # and waits for their compactions, so that every size is read from sstables
 # (not the smallest from memtables alone) on a quiet cluster; FLUSH=0 does not,
-# and COMPACT=1 also compacts each node (nodetool compact) before the wait.
+# and COMPACT=1 also compacts each node (nodetool compact) before the wait;
+# the nodes' key cache counters are printed then and after the bench.
 # On Cassandra the nodes run the full JIT, and each step warms its users up
 # WARMUP seconds (default 45; tarn bench --warmup-seconds, which custard and
 # chat ignore) before measuring them: set WARMUP rather than passing the flag.
@@ -75,4 +76,5 @@ nginx -p "$NGINX_DIR" -c "$NGINX_DIR/nginx.conf"
 until curl -sf http://127.0.0.1:$PL/api/v1/health >/dev/null; do sleep 0.2; done
 ./target/release/tarn bench "$WORKLOAD" --url http://127.0.0.1:$PL --admin-password bench-admin-password \
   --server-pid ${PIDS[0]},${PIDS[1]} --out "$OUT/$WORKLOAD-$STORE-2nodes" "${BENCH_FLAGS[@]}" "$@"
+if [ -n "${TARN_AFTER_LOAD:-}" ]; then "$TARN_AFTER_LOAD" caches | sed "s/^/after the bench: /" >&2; fi
 ' _ "$WORKLOAD" "$OUT" "$@"

@@ -11,7 +11,8 @@
 # then keeps one sstable a level while the data is under its 160 MiB
 # sstable size) before the wait, so that every size is read from the same
 # number of sstables. The 10 minutes count from the flush, the compaction
-# included.
+# included. It also prints each node's key cache counters (cumulative);
+# `after-load.sh caches` prints only those.
 set -euo pipefail
 CTL=${TARN_TEST_CASSANDRA_CTL:?run under scripts/with-cassandra.sh}
 start=$(date +%s)
@@ -29,6 +30,13 @@ sstables() { # the bench keyspaces' sstables on each node (diagnostic only)
       echo "node $n: nodetool tablestats failed"
   done
 }
+caches() { # each node's key cache (and chunk cache, when enabled), cumulative (diagnostic only)
+  for n in 1 2 3; do
+    "$CTL" nodetool "$n" info 2>/dev/null | awk -v n="$n" '/^(Key|Chunk) Cache/ { print "node " n ": " $0 }' ||
+      echo "node $n: nodetool info failed"
+  done
+}
+[ "${1:-}" = caches ] && { caches; exit 0; }
 busy() { # node: is a compaction pending or running?
   local out
   out=$("$CTL" nodetool "$1" compactionstats) || { echo "after-load: nodetool compactionstats failed on node $1" >&2; exit 1; }
@@ -43,6 +51,7 @@ while (( $(date +%s) - start < 600 )); do
   if [ $quiet = 1 ]; then
     echo "after-load: flushed${COMPACT:+ (COMPACT=$COMPACT)}, and no compaction left, after $(( $(date +%s) - start )) s" >&2
     sstables | sed 's/^/after-load: /' >&2
+    caches | sed 's/^/after-load: /' >&2
     exit 0
   fi
   sleep 5
