@@ -27,8 +27,9 @@
 //! was most of a search's time). A
 //! prefix (search-as-you-type) is expanded to the terms that start with it
 //! by a few bounded reads of the caller's own partitions of its first two
-//! characters, each skipping past the rows of the last term it saw — never
-//! a scan across partitions. A word typed past its stem ("brewi", on its
+//! characters (of one character: [`prefix_heads`], some forty), each
+//! skipping past the rows of the last term it saw — never a scan across
+//! partitions. A word typed past its stem ("brewi", on its
 //! way to "brewing", whose term is "brew") also matches the stems of the
 //! words that complete it ([`Analyzer::stems_typed_past`], English
 //! endings): exact reads of the same partitions, at most a handful.
@@ -441,19 +442,46 @@ struct Expansion {
     terms: Vec<String>,
     /// For each partition read to its end, every term it has that starts
     /// with the prefix.
-    listed: Vec<Option<HashSet<String>>>,
+    listed: HashMap<Vec<u8>, HashSet<String>>,
 }
 
 impl Expansion {
-    /// Whether partition `i` surely has no row of `term`: a search reads
+    /// Whether `partition` surely has no row of `term`: a search reads
     /// only the partitions that hold the terms a prefix expanded to.
-    fn lacks(&self, i: usize, term: &str) -> bool {
+    fn lacks(&self, partition: &[u8], term: &str) -> bool {
         term.starts_with(&self.prefix)
             && self
                 .listed
-                .get(i)
-                .is_some_and(|l| l.as_ref().is_some_and(|l| !l.contains(term)))
+                .get(partition)
+                .is_some_and(|l| !l.contains(term))
     }
+}
+
+/// The partition heads (first two characters of a term) that hold the
+/// terms starting with `prefix`: its own when it has two characters or
+/// more; for one character, the character alone and followed by each
+/// digit and each lower-case letter of its script (Latin `a`–`z` and
+/// `'`, `.`, `_`, which words may hold; Cyrillic; Greek), since terms
+/// are folded to those. A term whose second character is none of these
+/// (another script after the first) is found from two characters on.
+fn prefix_heads(prefix: &str) -> Vec<String> {
+    let mut chars = prefix.chars();
+    let (Some(first), None) = (chars.next(), chars.next()) else {
+        return vec![prefix.to_string()];
+    };
+    let letters: Vec<char> = match first {
+        '\u{0400}'..='\u{04FF}' => ('а'..='я').chain(['і', 'ї', 'є', 'ґ']).collect(),
+        '\u{0370}'..='\u{03FF}' => ('α'..='ω').collect(),
+        _ => ('a'..='z').chain(['\'', '.', '_']).collect(),
+    };
+    std::iter::once(prefix.to_string())
+        .chain(
+            letters
+                .into_iter()
+                .chain('0'..='9')
+                .map(|c| format!("{first}{c}")),
+        )
+        .collect()
 }
 
 /// The score a hit shows, in impact units: its sum of impacts, and with
@@ -662,8 +690,10 @@ impl Engine {
         for (i, w) in query_words.iter().enumerate() {
             let mut terms = vec![analyzer.term(w)];
             let mut expansion = None;
-            if q.prefix && i + 1 == query_words.len() && w.chars().count() >= 2 {
-                let e = self.expand(snap, &partitions(w), w).await?;
+            if q.prefix && i + 1 == query_words.len() {
+                let heads: Vec<Vec<u8>> =
+                    prefix_heads(w).iter().flat_map(|h| partitions(h)).collect();
+                let e = self.expand(snap, &heads, w).await?;
                 terms.extend(e.terms.iter().cloned());
                 terms.extend(analyzer.stems_typed_past(w));
                 expansion = Some(e);
@@ -715,8 +745,8 @@ impl Engine {
                         }
                         None => exact.clone(),
                     };
-                    for (i, p) in partitions(t).into_iter().enumerate() {
-                        if expansion.as_ref().is_some_and(|e| e.lacks(i, t)) {
+                    for p in partitions(t) {
+                        if expansion.as_ref().is_some_and(|e| e.lacks(&p, t)) {
                             continue;
                         }
                         ranges.push((
@@ -975,10 +1005,12 @@ impl Engine {
         // The shortest first: the words being typed are likeliest.
         terms.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
         terms.truncate(MAX_EXPANSION);
-        let listed = listed
-            .into_iter()
+        let listed = partitions
+            .iter()
+            .zip(listed)
             .zip(from)
-            .map(|(l, open)| open.is_none().then_some(l))
+            .filter(|(_, open)| open.is_none())
+            .map(|((p, l), _)| (p.clone(), l))
             .collect();
         Ok(Expansion {
             prefix: prefix.to_string(),

@@ -71,10 +71,15 @@ async fn search_over_http() {
     assert_eq!(count("q=gree&kind=doc&prefix=true", &bob).await, 1);
     assert_eq!(count("q=gree&kind=doc", &bob).await, 0);
     // Typed past the stem: "brewin" is on its way to "brewing" ("brew").
-    for typed in ["br", "bre", "brew", "brewi", "brewin", "brewing"] {
+    for typed in ["b", "br", "bre", "brew", "brewi", "brewin", "brewing"] {
         let q = format!("q={typed}&kind=doc&prefix=true");
         assert_eq!(count(&q, &bob).await, 1, "{typed}");
     }
+    assert_eq!(count("q=b&kind=doc", &bob).await, 0, "b is no word of it");
+    // One letter of another script: "б" on its way to "Бородино".
+    app.item(&ann, "doc", json!({"title": "Бородино"}), json!([]))
+        .await;
+    assert_eq!(count("q=%D0%B1&kind=doc&prefix=true", &ann).await, 1);
     assert_eq!(count("q=brewin&kind=doc", &bob).await, 0);
     // ... but a word that only starts with a term ("note") is no word
     // on its way to it.
