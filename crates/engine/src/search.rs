@@ -27,7 +27,7 @@
 //! was most of a search's time). A
 //! prefix (search-as-you-type) is expanded to the terms that start with it
 //! by a few bounded reads of the caller's own partitions of its first two
-//! characters (of one character: [`prefix_heads`], some forty), each
+//! characters (of one character: [`prefix_heads`], some fifty), each
 //! skipping past the rows of the last term it saw — never a scan across
 //! partitions. A word typed past its stem ("brewi", on its
 //! way to "brewing", whose term is "brew") also matches the stems of the
@@ -460,9 +460,10 @@ impl Expansion {
 /// The partition heads (first two characters of a term) that hold the
 /// terms starting with `prefix`: its own when it has two characters or
 /// more; for one character, the character alone and followed by each
-/// digit and each lower-case letter of its script (Latin `a`–`z` and
-/// `'`, `.`, `_`, which words may hold; Cyrillic; Greek), since terms
-/// are folded to those. A term whose second character is none of these
+/// digit and each lower-case letter of its script (Latin `a`–`z`, the
+/// letters that fold to no ASCII one such as `ø`, and `'`, `.`, `_`,
+/// which words may hold; Cyrillic; Greek), since terms are folded to
+/// those. A term whose second character is none of these
 /// (another script after the first) is found from two characters on.
 fn prefix_heads(prefix: &str) -> Vec<String> {
     let mut chars = prefix.chars();
@@ -472,7 +473,9 @@ fn prefix_heads(prefix: &str) -> Vec<String> {
     let letters: Vec<char> = match first {
         '\u{0400}'..='\u{04FF}' => ('а'..='я').chain(['і', 'ї', 'є', 'ґ']).collect(),
         '\u{0370}'..='\u{03FF}' => ('α'..='ω').collect(),
-        _ => ('a'..='z').chain(['\'', '.', '_']).collect(),
+        _ => ('a'..='z')
+            .chain(['æ', 'ð', 'ø', 'þ', 'đ', 'ł', 'œ', 'ŋ', 'ı', '\'', '.', '_'])
+            .collect(),
     };
     std::iter::once(prefix.to_string())
         .chain(
