@@ -177,7 +177,7 @@ impl Default for EngineConfig {
             max_attempts: 12,
             password_hashers: hashers,
             password_queue: 16 * hashers,
-            groups_per_hour: 100,
+            groups_per_hour: 1000,
             upload_slots: hashers,
             upload_share: 0.5,
             requests_in_flight: None,

@@ -103,19 +103,27 @@ impl Engine {
         password: &str,
         client: Option<&str>,
     ) -> Result<(String, crate::User)> {
-        if !crate::is_valid_name(username) {
-            return Err(EngineError::Unauthenticated(
-                "wrong username or password".into(),
-            ));
-        }
         let addr = client.unwrap_or("-");
+        // A name no account can have fails like a wrong password, and
+        // counts against its address all the same (it has no pair).
+        let valid = crate::is_valid_name(username);
         let pair = key(&format!("pair:{username}|{addr}"));
-        let mut keys = vec![(pair.clone(), PAIR_FAILURES)];
+        let mut keys = Vec::new();
+        if valid {
+            keys.push((pair.clone(), PAIR_FAILURES));
+        }
         if client.is_some() {
             keys.push((key(&format!("addr:{addr}")), ADDRESS_FAILURES));
         }
         self.retrying(|| self.check_throttle(&keys)).await?;
-        match self.sign_in(username, password).await {
+        let signed_in = if valid {
+            self.sign_in(username, password).await
+        } else {
+            Err(EngineError::Unauthenticated(
+                "wrong username or password".into(),
+            ))
+        };
+        match signed_in {
             Ok(ok) => {
                 let mut b = Batch::new();
                 b.delete(pair);

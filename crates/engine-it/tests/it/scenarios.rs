@@ -11,6 +11,33 @@ use tarn_store::memory::MemoryStore;
 
 use crate::common::{self, admin, props, sign_up};
 
+/// An address that keeps failing across accounts is refused whatever it
+/// sends next, names no account can have counted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_failing_across_accounts_is_refused() {
+    let (e, _dir) = common::sqlite();
+    sign_up(&e, "alice").await;
+    let from = Some("192.0.2.7");
+    for i in 0..tarn_engine::ADDRESS_FAILURES {
+        // Upper case, a space: no account has such a name.
+        let name = if i % 2 == 0 {
+            format!("Nobody{i}")
+        } else {
+            format!("no one {i}")
+        };
+        let r = e.sign_in_throttled(&name, "some-password", from).await;
+        assert!(matches!(r, Err(EngineError::Unauthenticated(_))), "{r:?}");
+    }
+    let r = e.sign_in_throttled("alice", "alice-password", from).await;
+    assert!(matches!(r, Err(EngineError::RateLimited { .. })), "{r:?}");
+    let r = e.sign_in_throttled("Nobody", "x", from).await;
+    assert!(matches!(r, Err(EngineError::RateLimited { .. })), "{r:?}");
+    // Another address is not affected.
+    e.sign_in_throttled("alice", "alice-password", Some("192.0.2.8"))
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_open_hold_and_end() {
     let (e, _dir) = common::sqlite();
