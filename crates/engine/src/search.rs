@@ -72,6 +72,11 @@ pub const MAX_EXPANSION: usize = 32;
 /// prefixes are expanded in one), and in each later round.
 const EXPAND_FIRST: usize = 32;
 const EXPAND_ROWS: usize = 8;
+/// Most partitions a one-character prefix's expansion reads (its heads,
+/// some sixty, times the caller's partitions): about four times what a
+/// listing by a caller in the most groups reads. Past it the prefix
+/// matches the whole word only.
+const EXPAND_PARTITIONS: usize = 4096;
 /// Rounds of a prefix's expansion: each finds at least one term more in
 /// every partition it reads, so as many as the terms a prefix keeps.
 const EXPAND_ROUNDS: usize = MAX_EXPANSION;
@@ -182,7 +187,9 @@ impl Default for SearchQuery {
 pub struct Hit {
     /// The item as the caller reads it.
     pub item: ItemView,
-    /// Its score: the sum of its matched words' impacts.
+    /// Its score: the sum of its matched words' impacts; with `match=any`,
+    /// more by [`MATCHED`] (in thousandths) for each word matched past the
+    /// first ([`shown_score`]).
     pub score: f64,
 }
 
@@ -457,31 +464,51 @@ impl Expansion {
     }
 }
 
-/// The partition heads (first two characters of a term) that hold the
-/// terms starting with `prefix`: its own when it has two characters or
-/// more; for one character, the character alone and followed by each
-/// digit and each lower-case letter of its script (Latin `a`–`z`, the
-/// letters that fold to no ASCII one such as `ø`, and `'`, `.`, `_`,
-/// which words may hold; Cyrillic; Greek), since terms are folded to
-/// those. A term whose second character is none of these
-/// (another script after the first) is found from two characters on.
+/// The partition heads (first two characters of a term) that can hold
+/// the terms starting with `prefix`: its own when it has two characters
+/// or more. For one character: the character alone, and followed by each
+/// digit, by each character that may join the inside of a word (Unicode
+/// word segmentation keeps `o'brien`, `l’eau`, `1,000`, `3.14`, `l·l`
+/// whole), and by each lower-case letter, after folding, of the scripts
+/// the first character is one of: Latin (with the letters that fold to
+/// no ASCII one, such as `ø`, `ł`, `ə`), Cyrillic, Greek. A first
+/// character of another script has no second characters listed: its
+/// prefix matches the whole word only, as do the terms whose second
+/// character is none of those listed (until two characters are typed).
 fn prefix_heads(prefix: &str) -> Vec<String> {
     let mut chars = prefix.chars();
     let (Some(first), None) = (chars.next(), chars.next()) else {
         return vec![prefix.to_string()];
     };
+    const JOINERS: [char; 10] = ['\'', '’', '‘', 'ʼ', '.', ',', ':', ';', '·', '_'];
     let letters: Vec<char> = match first {
-        '\u{0400}'..='\u{04FF}' => ('а'..='я').chain(['і', 'ї', 'є', 'ґ']).collect(),
-        '\u{0370}'..='\u{03FF}' => ('α'..='ω').collect(),
-        _ => ('a'..='z')
-            .chain(['æ', 'ð', 'ø', 'þ', 'đ', 'ł', 'œ', 'ŋ', 'ı', '\'', '.', '_'])
+        // Cyrillic: `й` folds to `и`, `ё` to `е`, `ї` to `і`.
+        '\u{0400}'..='\u{04FF}' => ('а'..='и')
+            .chain('к'..='я')
+            .chain([
+                'і', 'є', 'ґ', 'ј', 'љ', 'њ', 'ђ', 'ћ', 'џ', 'ѕ', 'ә', 'ө', 'ү', 'қ', 'ң', 'ғ',
+                'ұ', 'һ', 'ҳ', 'ҷ', 'ӣ', 'ӯ',
+            ])
             .collect(),
+        // Greek: accents fold away, and a final `ς` is `σ`.
+        '\u{0370}'..='\u{03FF}' => ('α'..='ρ').chain('σ'..='ω').collect(),
+        c if c.is_ascii_alphanumeric()
+            || matches!(c, '\u{00C0}'..='\u{024F}' | '\u{0250}'..='\u{02AF}') =>
+        {
+            ('a'..='z')
+                .chain([
+                    'æ', 'ð', 'ø', 'þ', 'đ', 'ł', 'œ', 'ŋ', 'ı', 'ħ', 'ŧ', 'ə', 'ɛ', 'ɔ', 'ʒ', 'ĸ',
+                ])
+                .collect()
+        }
+        _ => return vec![prefix.to_string()],
     };
     std::iter::once(prefix.to_string())
         .chain(
             letters
                 .into_iter()
                 .chain('0'..='9')
+                .chain(JOINERS)
                 .map(|c| format!("{first}{c}")),
         )
         .collect()
@@ -693,10 +720,18 @@ impl Engine {
         for (i, w) in query_words.iter().enumerate() {
             let mut terms = vec![analyzer.term(w)];
             let mut expansion = None;
-            if q.prefix && i + 1 == query_words.len() {
-                let heads: Vec<Vec<u8>> =
-                    prefix_heads(w).iter().flat_map(|h| partitions(h)).collect();
-                let e = self.expand(snap, &heads, w).await?;
+            let heads = if q.prefix && i + 1 == query_words.len() {
+                prefix_heads(w)
+            } else {
+                Vec::new()
+            };
+            let wide = match heads.len() {
+                0 | 1 => 0,
+                n => n * partitions(w).len(),
+            };
+            if !heads.is_empty() && wide <= EXPAND_PARTITIONS {
+                let parts: Vec<Vec<u8>> = heads.iter().flat_map(|h| partitions(h)).collect();
+                let e = self.expand(snap, &parts, heads.len(), w).await?;
                 terms.extend(e.terms.iter().cloned());
                 terms.extend(analyzer.stems_typed_past(w));
                 expansion = Some(e);
@@ -948,16 +983,19 @@ impl Engine {
         Ok(best.into_keys().collect())
     }
 
-    /// The terms that start with `prefix` in the caller's partitions of its
-    /// first two characters. Each round reads a few rows of every partition
+    /// The terms that start with `prefix` in `partitions`: the caller's
+    /// partitions of each of the `heads` its terms may start with
+    /// ([`prefix_heads`]). Each round reads a few rows of every partition
     /// still open and then skips the rest of the last term it saw, so a
     /// term held by many items costs one row, not all of them: at most
     /// [`EXPAND_ROUNDS`] reads per partition, the first of [`EXPAND_FIRST`]
-    /// rows and the others of [`EXPAND_ROWS`].
+    /// rows and the others of [`EXPAND_ROWS`], each shared among the heads
+    /// (at least two rows a read).
     async fn expand(
         &self,
         snap: &mut Box<dyn Snapshot>,
         partitions: &[Vec<u8>],
+        heads: usize,
         prefix: &str,
     ) -> Result<Expansion> {
         let lower = encoded_prefix(prefix);
@@ -972,6 +1010,7 @@ impl Engine {
             } else {
                 EXPAND_ROWS
             };
+            let rows_per = (rows_per / heads.max(1)).max(2);
             let open: Vec<usize> = (0..partitions.len())
                 .filter(|i| from[*i].is_some())
                 .collect();
@@ -1111,6 +1150,45 @@ fn choose(
 mod tests {
     use super::*;
     use crate::indexes::TextField;
+
+    /// Every word's term of these languages lives in a partition its first
+    /// character's prefix reads.
+    #[test]
+    fn one_character_prefixes_read_the_heads_of_their_words() {
+        let samples = [
+            (
+                "english",
+                "o'brien l’eau 1,000 3.14 don't x-ray e-mail brewing",
+            ),
+            ("french", "l’été d’un œuvre être garçon"),
+            ("german", "straße größe über äpfel"),
+            ("spanish", "año niño pingüino"),
+            ("danish", "æble øl gøy"),
+            ("norwegian", "bøker høst"),
+            ("swedish", "åsna över"),
+            ("turkish", "ağaç ıslak şehir öğretmen"),
+            ("none", "łódź źdźbło gęś aħna gəl kɔ"),
+            ("none", "l·lusió a:b"),
+            ("russian", "йогурт ёлка щи объём"),
+            ("none", "п'ять м’ясо пјесма қазақ әке"),
+            ("greek", "λέξη ψυχή ς όλος"),
+        ];
+        for (language, text) in samples {
+            let analyzer = Analyzer::new(language);
+            for w in words(text) {
+                let term = analyzer.term(&w);
+                let h = head(&term);
+                let first: String = h.chars().take(1).collect();
+                assert!(
+                    prefix_heads(&first).iter().any(|p| p == h),
+                    "{language}: {w} (term {term}, head {h}) is not read by the prefix {first}"
+                );
+            }
+        }
+        // Another script: the whole word only, one partition.
+        assert_eq!(prefix_heads("字"), vec!["字".to_string()]);
+        assert_eq!(prefix_heads("ab"), vec!["ab".to_string()]);
+    }
 
     #[test]
     fn impact_codes_keep_order_past_the_fine_range() {

@@ -573,11 +573,11 @@ impl FromRequestParts<AppState> for ClientAddr {
 }
 
 /// A JSON request body: `application/json` (or no `Content-Type` at all,
-/// as a client that forgot the header sends it), at most the configured
-/// size, refused before it is read whole when it is larger. Another media
-/// type is refused (`415`). (What keeps a cross-site page from writing with
-/// a visitor's session cookie is [`check_same_origin`], not the media
-/// type.)
+/// as a client that forgot the header sends it, unless a browser says
+/// another site sent it), at most the configured size, refused before it
+/// is read whole when it is larger. Another media type is refused (`415`).
+/// (What keeps a cross-site page from writing with a visitor's session
+/// cookie is [`check_same_origin`], not the media type.)
 pub struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
@@ -585,21 +585,30 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 
     async fn from_request(req: Request, state: &AppState) -> ApiResult<JsonBody<T>> {
         let limit = state.config.max_json;
-        let ct = req
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let essence = ct
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        if !matches!(
-            essence.as_str(),
-            "" | "application/json" | "application/merge-patch+json"
-        ) {
+        let headers = req.headers();
+        let json = match headers.get(CONTENT_TYPE) {
+            // No media type: JSON, unless a browser says another site's
+            // page sent it (a `fetch` of an untyped body needs no
+            // preflight; it could sign up accounts from its visitors).
+            None => headers
+                .get("sec-fetch-site")
+                .is_none_or(|v| matches!(v.as_bytes(), b"same-origin" | b"none")),
+            Some(ct) => {
+                let essence = ct
+                    .to_str()
+                    .unwrap_or("")
+                    .split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase();
+                matches!(
+                    essence.as_str(),
+                    "application/json" | "application/merge-patch+json"
+                )
+            }
+        };
+        if !json {
             return Err(ApiError::new(
                 Code::UnsupportedMediaType,
                 "send JSON with Content-Type: application/json",

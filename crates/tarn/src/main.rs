@@ -199,7 +199,7 @@ struct ServeArgs {
     /// Event streams one user may hold open on this node [default: 16].
     #[arg(long, env = "TARN_MAX_STREAMS_PER_USER")]
     max_streams_per_user: Option<usize>,
-    /// Groups one user may create per hour (administrators are not counted) [default: 100].
+    /// Groups one user may create per hour (administrators are not counted) [default: 1000].
     #[arg(long, env = "TARN_GROUPS_PER_HOUR")]
     groups_per_hour: Option<u32>,
     /// The share of the time (above 0, at most 1) uploads may keep this

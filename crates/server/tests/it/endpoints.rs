@@ -1190,6 +1190,14 @@ async fn malformed_requests_are_problems() {
     app.raw(bare("{\"kind\":\"doc\"}")).await.expect(201);
     let r = app.raw(bare("{not json")).await.expect(400);
     assert_eq!(r.json()["type"], "invalid-input");
+    // ... but not one another site's page sent through a browser, nor an
+    // empty media type.
+    let mut cross = bare("{\"kind\":\"doc\"}");
+    cross
+        .headers_mut()
+        .insert("sec-fetch-site", "cross-site".parse().unwrap());
+    app.raw(cross).await.expect(415);
+    app.raw(raw("{\"kind\":\"doc\"}", "")).await.expect(415);
     app.raw(raw("{\"kind\":\"doc\"}", "application/json; charset=utf-8"))
         .await
         .expect(201);

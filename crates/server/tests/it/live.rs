@@ -102,6 +102,28 @@ async fn search_over_http() {
     let one = app
         .item(&ann, "doc", json!({"title": "oolong"}), json!([]))
         .await;
+    // The premise: by impacts alone, `one` would come first.
+    let score_of = |q: &'static str, id: Value| {
+        let (app, ann) = (&app, ann.clone());
+        async move {
+            let page = app
+                .get(&format!("/api/v1/search?q={q}&kind=doc"), Some(&ann))
+                .await
+                .expect(200)
+                .json();
+            page["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|h| h["id"] == id)
+                .unwrap_or_else(|| panic!("{id} in {page}"))["score"]
+                .as_f64()
+                .unwrap()
+        }
+    };
+    let sum_both = score_of("oolong", both["id"].clone()).await
+        + score_of("jasmine", both["id"].clone()).await;
+    assert!(score_of("oolong", one["id"].clone()).await > sum_both);
     let page = app
         .get(
             "/api/v1/search?q=oolong%20jasmine&kind=doc&match=any",
