@@ -572,6 +572,17 @@ impl FromRequestParts<AppState> for ClientAddr {
     }
 }
 
+/// A media type without its parameters, in lower case: `text/plain` of
+/// `Text/Plain; charset=utf-8`.
+pub fn media_essence(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
 /// A JSON request body: `application/json` (or no `Content-Type` at all,
 /// as a client that forgot the header sends it, unless a browser says
 /// another site sent it), at most the configured size, refused before it
@@ -593,20 +604,10 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             None => headers
                 .get("sec-fetch-site")
                 .is_none_or(|v| matches!(v.as_bytes(), b"same-origin" | b"none")),
-            Some(ct) => {
-                let essence = ct
-                    .to_str()
-                    .unwrap_or("")
-                    .split(';')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .to_ascii_lowercase();
-                matches!(
-                    essence.as_str(),
-                    "application/json" | "application/merge-patch+json"
-                )
-            }
+            Some(ct) => matches!(
+                media_essence(ct.to_str().unwrap_or("")).as_str(),
+                "application/json" | "application/merge-patch+json"
+            ),
         };
         if !json {
             return Err(ApiError::new(

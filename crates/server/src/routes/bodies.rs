@@ -281,12 +281,7 @@ pub async fn get(
 /// and plain text. HTML, SVG, XML, scripts and anything unknown are served
 /// as attachments.
 fn displays_inline(content_type: &str) -> bool {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = crate::extract::media_essence(content_type);
     matches!(
         essence.as_str(),
         "text/plain"
