@@ -83,6 +83,26 @@ pub enum IndexState {
     Dropping,
 }
 
+/// A name for an index to declare, made from `raw` (a kind and its
+/// fields): what a name may hold (lower case; `<` `>` of a placeholder
+/// kind kept), at most 60 characters, and a number after it
+/// if an index already has it (one of the same name may sort otherwise).
+pub(crate) fn free_name(defs: &[IndexDef], raw: &str) -> String {
+    let base: String = raw
+        .to_ascii_lowercase()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || "-_.<>".contains(*c))
+        .take(60)
+        .collect();
+    let mut name = base.clone();
+    let mut n = 1;
+    while defs.iter().any(|d| d.name == name) {
+        n += 1;
+        name = format!("{base}-{n}");
+    }
+    name
+}
+
 /// An index declaration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexDef {
@@ -627,10 +647,12 @@ impl Engine {
         text: Vec<TextField>,
         language: Option<String>,
     ) -> Result<(IndexDef, bool)> {
-        check_declaration(name, kind, &where_, &sort, &text, language.as_deref())?;
         let (def, created, aside) = self
             .retrying(|| async {
+                // Who asks first: an anonymous caller is told 401, a user
+                // 403, whatever the declaration.
                 let defs = self.admin_defs(caller).await?;
+                check_declaration(name, kind, &where_, &sort, &text, language.as_deref())?;
                 let mut b = Batch::new();
                 let mut aside = None;
                 if let Some(old) = defs.get(name) {
@@ -861,15 +883,16 @@ impl Engine {
     /// name no one can declare (`~` and its uid) until its rows are gone,
     /// so an index of the same name can be declared while they go.
     pub async fn drop_index(&self, caller: &Caller, name: &str) -> Result<()> {
-        if builtins().iter().any(|d| d.name == name) {
-            return Err(EngineError::InvalidInput("built-in indexes stay".into()));
-        }
-        if name.starts_with('_') || !crate::model::is_valid_name(name) {
-            return Err(EngineError::NotFound(format!("no index {name}")));
-        }
         let dropping = self
             .retrying(|| async {
+                // Who asks first, as for a declaration.
                 let defs = self.admin_defs(caller).await?;
+                if builtins().iter().any(|d| d.name == name) {
+                    return Err(EngineError::InvalidInput("built-in indexes stay".into()));
+                }
+                if name.starts_with('_') || !crate::model::is_valid_name(name) {
+                    return Err(EngineError::NotFound(format!("no index {name}")));
+                }
                 let mut def = defs
                     .get(name)
                     .cloned()

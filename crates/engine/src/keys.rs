@@ -108,6 +108,13 @@ pub fn encode_where(out: &mut Vec<u8>, value: Option<&Value>) {
     }
 }
 
+/// [`encode_where`] into a new vector: the bytes that name a partition.
+pub fn encoded_where(value: Option<&Value>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_where(&mut out, value);
+    out
+}
+
 /// Appends a string in ascending order (used for names and ids in keys).
 pub fn encode_str(out: &mut Vec<u8>, s: &str) {
     out.push(STRING);

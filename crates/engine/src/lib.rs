@@ -562,6 +562,13 @@ pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
     sha2::Sha256::digest(bytes).into()
 }
 
+/// Microseconds since the epoch of an RFC 3339 time (any offset); `None`
+/// if it is not one.
+pub(crate) fn parse_time(t: &str) -> Option<i64> {
+    let t = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
+    i64::try_from(t.unix_timestamp_nanos() / 1000).ok()
+}
+
 /// Formats microseconds since the epoch as RFC 3339 UTC with microseconds.
 pub fn format_time(micros: i64) -> String {
     let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1000)

@@ -125,8 +125,9 @@ impl Plan {
         bytes.extend_from_slice(&(index.len() as u32).to_be_bytes());
         bytes.extend_from_slice(index.as_bytes());
         for v in &self.where_values {
-            // The bytes that name the partition: `1` and `1.0` alike.
-            let v = crate::keys::encoded(Some(v), Order::Asc);
+            // The bytes that name the partition: `1` and `1.0` alike, and
+            // a long string by its hash, whole.
+            let v = crate::keys::encoded_where(Some(v));
             bytes.extend_from_slice(&(v.len() as u32).to_be_bytes());
             bytes.extend_from_slice(&v);
         }
@@ -488,18 +489,7 @@ fn suggest(
     // Without a kind (a listing of every kind, which no declared index
     // serves), the advice is for the kind the caller means to list.
     let kind = kind.unwrap_or("<kind>");
-    let base: String = format!("{kind}{}", rest.to_ascii_lowercase())
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || "-_.<>".contains(*c))
-        .take(60)
-        .collect();
-    // A name no index has: one of the same name may sort otherwise.
-    let mut name = base.clone();
-    let mut n = 1;
-    while defs.iter().any(|d| d.name == name) {
-        n += 1;
-        name = format!("{base}-{n}");
-    }
+    let name = crate::indexes::free_name(defs, &format!("{kind}{rest}"));
     let declare = json!({
         "kind": kind,
         "where": where_,
@@ -530,6 +520,39 @@ fn shared_plan(defs: &[IndexDef], sort: &[SortField]) -> Result<Plan> {
     })
 }
 
+/// A listing's or a search's `where` equalities by field: fields an index
+/// can have, each once, values a key can hold. `createdAt` and
+/// `modifiedAt` take the RFC 3339 times items show (or microseconds since
+/// the epoch, as they are stored).
+pub(crate) fn where_fields(given: &[(String, Value)]) -> Result<BTreeMap<String, Value>> {
+    let mut fields = BTreeMap::new();
+    for (f, v) in given {
+        // `kind` is the listing's kind, never a where field.
+        crate::indexes::check_fields(std::iter::once(f))?;
+        let v = match (f.as_str(), v) {
+            (_, Value::Array(_) | Value::Object(_)) => {
+                return Err(EngineError::InvalidInput(format!(
+                    "where.{f}: a where value is a string, number, boolean or null"
+                )))
+            }
+            ("createdAt" | "modifiedAt", Value::String(t)) => {
+                Value::from(crate::parse_time(t).ok_or_else(|| {
+                    EngineError::InvalidInput(format!(
+                        "where.{f}: an RFC 3339 time, such as 2026-01-31T12:00:00.000000Z"
+                    ))
+                })?)
+            }
+            (_, v) => v.clone(),
+        };
+        if fields.insert(f.clone(), v).is_some() {
+            return Err(EngineError::InvalidInput(format!(
+                "where.{f} is given twice"
+            )));
+        }
+    }
+    Ok(fields)
+}
+
 impl Engine {
     fn plan(
         &self,
@@ -546,6 +569,10 @@ impl Engine {
             })
             .collect();
         let mut building = None;
+        // Of the ready indexes that serve the listing, the one declared
+        // first: declaring an equivalent one later never moves a listing
+        // (and the cursors of its pages, which name their index) to it.
+        let mut chosen: Option<Plan> = None;
         for d in defs {
             let where_matches = match &d.kind {
                 Some(k) => {
@@ -575,12 +602,18 @@ impl Engine {
                 building = Some(d.name.clone());
                 continue;
             }
+            if chosen.as_ref().is_some_and(|c| c.def.since <= d.since) {
+                continue;
+            }
             let where_values = d.where_.iter().map(|f| fields[f].clone()).collect();
-            return Ok(Plan {
+            chosen = Some(Plan {
                 def: d.clone(),
                 direction,
                 where_values,
             });
+        }
+        if let Some(plan) = chosen {
+            return Ok(plan);
         }
         if let Some(name) = building {
             return Err(EngineError::IndexBuilding(name));
@@ -603,21 +636,7 @@ impl Engine {
     /// One page of a listing, from the index that serves it.
     pub async fn list_items(&self, caller: &Caller, q: &ListQuery) -> Result<Page> {
         check_limit(q.limit)?;
-        let mut fields: BTreeMap<String, Value> = BTreeMap::new();
-        for (f, v) in &q.where_ {
-            // `kind` is the listing's kind, never a where field.
-            crate::indexes::check_fields(std::iter::once(f))?;
-            if matches!(v, Value::Array(_) | Value::Object(_)) {
-                return Err(EngineError::InvalidInput(format!(
-                    "where.{f}: a where value is a string, number, boolean or null"
-                )));
-            }
-            if fields.insert(f.clone(), v.clone()).is_some() {
-                return Err(EngineError::InvalidInput(format!(
-                    "where.{f} is given twice"
-                )));
-            }
-        }
+        let mut fields = where_fields(&q.where_)?;
         if q.scope == Scope::Shared && (q.kind.is_some() || !fields.is_empty()) {
             return Err(EngineError::InvalidInput(
                 "scope=shared lists every kind: it takes no kind and no where-fields".into(),

@@ -396,7 +396,7 @@ fn search_route(q: &SearchQuery, fields: &BTreeMap<String, Value>) -> Vec<u8> {
     put(q.kind.as_deref().unwrap_or("").as_bytes());
     for (f, v) in fields {
         put(f.as_bytes());
-        put(&crate::keys::encoded(Some(v), crate::Order::Asc));
+        put(&crate::keys::encoded_where(Some(v)));
     }
     put(&[
         u8::from(q.kind.is_some()),
@@ -578,19 +578,7 @@ impl Engine {
         if let Some(k) = &q.kind {
             crate::model::check_name("kind", k)?;
         }
-        let mut fields: BTreeMap<String, Value> = BTreeMap::new();
-        for (f, v) in &q.where_ {
-            if matches!(v, Value::Array(_) | Value::Object(_)) {
-                return Err(EngineError::InvalidInput(format!(
-                    "where.{f}: a where value is a string, number, boolean or null"
-                )));
-            }
-            if fields.insert(f.clone(), v.clone()).is_some() {
-                return Err(EngineError::InvalidInput(format!(
-                    "where.{f} is given twice"
-                )));
-            }
-        }
+        let fields = crate::listing::where_fields(&q.where_)?;
         let distinct: HashSet<String> = words(&q.q).collect();
         if distinct.len() > MAX_WORDS {
             return Err(EngineError::InvalidInput(format!(
@@ -1119,12 +1107,7 @@ fn choose(
             fields.keys().cloned().collect::<Vec<_>>().join("-")
         );
     }
-    let base = name.clone();
-    let mut n = 1;
-    while defs.iter().any(|d| d.name == name) {
-        n += 1;
-        name = format!("{base}-{n}");
-    }
+    let name = crate::indexes::free_name(defs, &name);
     let text = match defs.iter().find(|d| {
         d.is_text()
             && d.state != IndexState::Dropping

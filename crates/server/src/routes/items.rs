@@ -317,12 +317,14 @@ pub struct ListParams {
 }
 
 /// Parses `sort=a,-b` into sort fields.
+/// A `+` left unencoded in a URL reads as a space: ` field` is `+field`.
 fn parse_sort(s: &str) -> ApiResult<Vec<SortField>> {
-    s.split(',')
+    let fields = s
+        .split(',')
         .map(|f| {
             let (field, order) = match f.strip_prefix('-') {
                 Some(rest) => (rest, Order::Desc),
-                None => (f.strip_prefix('+').unwrap_or(f), Order::Asc),
+                None => (f.strip_prefix(['+', ' ']).unwrap_or(f), Order::Asc),
             };
             if field.is_empty() {
                 return Err(ApiError::invalid(
@@ -334,7 +336,16 @@ fn parse_sort(s: &str) -> ApiResult<Vec<SortField>> {
                 order,
             })
         })
-        .collect()
+        .collect::<ApiResult<Vec<_>>>()?;
+    if let Some(i) =
+        (1..fields.len()).find(|&i| fields[..i].iter().any(|f| f.field == fields[i].field))
+    {
+        return Err(ApiError::invalid(format!(
+            "sort names {:?} twice",
+            fields[i].field
+        )));
+    }
+    Ok(fields)
 }
 
 /// `where.<field>=<value>`: JSON when it parses, else a string.

@@ -1791,3 +1791,160 @@ async fn cursors_of_one_route_are_refused_by_another() {
         }
     }
 }
+
+/// A listing's cursor keeps its place when an index that serves the same
+/// listing is declared after it, and belongs to its own `where` value
+/// however long; `createdAt` takes the times items show; a sort naming a
+/// field twice is bad input; a `+` left unencoded sorts ascending; and the
+/// index to declare that a refused search names can be declared.
+#[tokio::test]
+async fn listings_keep_their_cursors_and_read_where_values_as_shown() {
+    let app = TestApp::new().await;
+    let admin = app.admin().await;
+    let alice = app.user("alice").await;
+    let ids = |r: &Value| -> Vec<i64> {
+        r["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["properties"]["n"].as_i64().unwrap())
+            .collect()
+    };
+    let declare = |name: &str, decl: Value| {
+        let app = &app;
+        let admin = admin.clone();
+        let path = format!("/api/v1/indexes/{name}");
+        async move {
+            app.call(Method::PUT, &path, Some(&admin), Some(decl))
+                .await
+                .expect(201);
+            app.wait_index(&admin, path.rsplit('/').next().unwrap())
+                .await;
+        }
+    };
+    declare(
+        "w-n",
+        json!({"kind": "w", "where": ["w"], "sort": [{"field": "n", "order": "asc"}]}),
+    )
+    .await;
+    // Two where values that differ only past their first 300 bytes.
+    let (x, y) = ("a".repeat(300) + "x", "a".repeat(300) + "y");
+    let mut created = Vec::new();
+    for w in [&x, &y] {
+        for n in 0..4 {
+            created.push(
+                app.item(&alice, "w", json!({"w": w, "n": n}), json!([]))
+                    .await,
+            );
+        }
+    }
+    let page = |w: &str, cursor: Option<&str>| {
+        let mut q = format!("/api/v1/items?kind=w&sort=n&limit=2&where.w={w}");
+        if let Some(c) = cursor {
+            q.push_str(&format!("&cursor={c}"));
+        }
+        let app = &app;
+        let alice = alice.clone();
+        async move { app.get(&q, Some(&alice)).await }
+    };
+    let first = page(&x, None).await.expect(200).json();
+    assert_eq!(ids(&first), vec![0, 1]);
+    let next = first["next"].as_str().unwrap().to_string();
+    let r = page(&y, Some(&next)).await.expect(400);
+    assert_eq!(r.json()["type"], "invalid-input");
+    // An index serving the same listing, declared later (and first by
+    // name): the listing and its cursors stay where they were.
+    declare(
+        "a-w-n",
+        json!({"kind": "w", "where": ["w"], "sort": [{"field": "n", "order": "asc"}]}),
+    )
+    .await;
+    let second = page(&x, Some(&next)).await.expect(200).json();
+    assert_eq!(ids(&second), vec![2, 3]);
+    // createdAt in where takes the RFC 3339 time an item shows.
+    declare(
+        "w-at",
+        json!({"kind": "w", "where": ["createdAt"], "sort": [{"field": "n", "order": "asc"}]}),
+    )
+    .await;
+    let at = created[5]["createdAt"].as_str().unwrap();
+    let r = app
+        .get(
+            &format!("/api/v1/items?kind=w&sort=n&where.createdAt={at}"),
+            Some(&alice),
+        )
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(r["items"].as_array().unwrap().len(), 1);
+    assert_eq!(r["items"][0]["id"], created[5]["id"]);
+    let r = app
+        .get(
+            "/api/v1/items?kind=w&sort=n&where.createdAt=yesterday",
+            Some(&alice),
+        )
+        .await
+        .expect(400);
+    assert_eq!(r.json()["type"], "invalid-input");
+    // A field named twice is bad input, not an index to declare.
+    let r = app
+        .get(
+            &format!("/api/v1/items?kind=w&sort=n,-n&where.w={x}"),
+            Some(&alice),
+        )
+        .await
+        .expect(400);
+    assert_eq!(r.json()["type"], "invalid-input");
+    // `+n` as typed in a URL arrives as ` n`: ascending n.
+    let r = app
+        .get(
+            &format!("/api/v1/items?kind=w&sort=+n&limit=2&where.w={y}"),
+            Some(&alice),
+        )
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(ids(&r), vec![0, 1]);
+    // The index a refused search names can be declared as named.
+    let r = app
+        .get(
+            "/api/v1/search?q=brew&kind=w&where.createdAt=1",
+            Some(&alice),
+        )
+        .await
+        .expect(400)
+        .json();
+    assert_eq!(r["type"], "no-index");
+    let detail = r["detail"].as_str().unwrap();
+    let name = detail
+        .split("/api/v1/indexes/")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no index named in {detail}"));
+    let decl: Value =
+        serde_json::from_str(&detail[detail.find('{').unwrap()..=detail.rfind('}').unwrap()])
+            .unwrap();
+    app.call(
+        Method::PUT,
+        &format!("/api/v1/indexes/{name}"),
+        Some(&admin),
+        Some(decl),
+    )
+    .await
+    .expect(201);
+    // Who asks comes first: an anonymous caller is told 401 whatever it
+    // names or sends, a user 403.
+    for (token, status) in [(None, 401), (Some(alice.as_str()), 403)] {
+        app.call(Method::DELETE, "/api/v1/indexes/_kind", token, None)
+            .await
+            .expect(status);
+        app.call(
+            Method::PUT,
+            "/api/v1/indexes/x",
+            token,
+            Some(json!({"kind": "w", "sort": []})),
+        )
+        .await
+        .expect(status);
+    }
+}
