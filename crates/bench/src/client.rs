@@ -46,8 +46,12 @@ impl Http {
     pub fn new(base: &str) -> Http {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        // A server closes a connection that waits 30 s for a request
+        // (`tarn_server::serve::HEAD_WAIT`): let go of idle ones before,
+        // so that none is reused as the server closes it.
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(usize::MAX)
+            .pool_idle_timeout(std::time::Duration::from_secs(20))
             .build(connector);
         Http {
             client,

@@ -41,7 +41,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::actor::Actor;
 use crate::error::{EngineError, Result};
 use crate::schema::{self, META};
-use crate::{seal, unb64, unseal, Caller, Engine, Item, ItemView, Principal, Role};
+use crate::{seal, unseal, Caller, Engine, Item, ItemView, Principal, Role};
 
 /// The feed every change goes to.
 pub(crate) const CHANGES: Table = Table::new("changes");
@@ -195,8 +195,8 @@ fn encode_cursor(key: &[u8], store: &[u8]) -> String {
 }
 
 /// The store's cursor inside an API cursor; malformed ones are refused.
-/// A cursor of an older server (version 1, unsealed; or version 2 sealed
-/// without the store's key) is `Gone`, as a cursor older than the changes
+/// A cursor of an older server (version 2 sealed without the store's key)
+/// is `Gone`, as a cursor older than the changes
 /// kept: the client lists again and resumes from the end, instead of a
 /// browser's `EventSource` giving up on a 400 after an upgrade.
 pub(crate) fn decode_cursor(key: &[u8], c: &str) -> Result<Vec<u8>> {
@@ -205,8 +205,7 @@ pub(crate) fn decode_cursor(key: &[u8], c: &str) -> Result<Vec<u8>> {
         return Err(bad());
     }
     let Some(raw) = unseal(key, b"feed", c) else {
-        let older = unb64(c).is_some_and(|r| r.len() > 1 && r[0] == 1)
-            || unseal(&[], &[], c).is_some_and(|r| r.first() == Some(&CURSOR_VERSION));
+        let older = unseal(&[], &[], c).is_some_and(|r| r.first() == Some(&CURSOR_VERSION));
         if older {
             return Err(EngineError::Gone(
                 "the cursor is from an older server; list again and start from the end".into(),
@@ -1158,15 +1157,36 @@ impl Subscription {
 
     /// Pulls one batch from the store after the last cursor; stops pulling
     /// at the feed's end (the queue has the rest).
+    ///
+    /// A stream that fell so far behind that entries after its last cursor
+    /// were trimmed away gets a resync and goes on from the feed's end,
+    /// as one opened at such a cursor does: nothing is skipped unsaid.
     async fn pull(&mut self) -> Result<()> {
         let engine = self.engine.clone();
         let last = self.last.clone();
-        let entries = engine
+        let read = engine
             .retrying(|| async {
                 let mut snap: Box<dyn Snapshot> = engine.snapshot().await?;
-                Ok(snap.read_feed(CHANGES, last.as_deref(), READ_BATCH).await?)
+                let trimmed = snap.get(&trimmed_key()).await?;
+                if let Some(l) = &last {
+                    if check_not_trimmed(&trimmed, l).is_err() {
+                        return Ok(Err(snap.feed_end(CHANGES).await?));
+                    }
+                }
+                Ok(Ok(snap
+                    .read_feed(CHANGES, last.as_deref(), READ_BATCH)
+                    .await?))
             })
             .await?;
+        let entries = match read {
+            Ok(entries) => entries,
+            Err(end) => {
+                self.pending.push_back(Event::Resync);
+                self.last = Some(end);
+                self.pulling = false;
+                return Ok(());
+            }
+        };
         if entries.len() < READ_BATCH {
             self.pulling = false;
         }
@@ -1192,7 +1212,7 @@ mod tests {
     /// A feed cursor holds only with the store's key: one made up (sealed
     /// with another key, say far past the end) is refused; one sealed the
     /// way older servers did, without a key, is `Gone` (the client lists
-    /// again), as is version 1.
+    /// again).
     #[test]
     fn feed_cursors_hold_only_with_the_stores_key() {
         let key = b"this store's key";
@@ -1213,6 +1233,13 @@ mod tests {
             decode_cursor(key, &listing),
             Err(EngineError::InvalidInput(_))
         ));
+        // Text that only decodes (as `AQA` does, to 1 and 0) is no cursor.
+        for junk in ["AQA", "AQAAAAAAAAAH", "Abc"] {
+            assert!(
+                matches!(decode_cursor(key, junk), Err(EngineError::InvalidInput(_))),
+                "{junk}"
+            );
+        }
     }
 
     fn entry(n: u8, what: What) -> Arc<HubEntry> {

@@ -17,6 +17,7 @@ pub mod json;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;
+pub mod serve;
 pub mod web;
 pub mod wire;
 

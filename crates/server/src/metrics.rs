@@ -4,19 +4,14 @@
 //! recording a request is a handful of relaxed atomic adds.
 
 use std::fmt::Write;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use axum::serve::IncomingStream;
 
 use tarn_store::{
     Batch, Consistency, FeedEntry, Key, ReadResult, Scan, Snapshot, Store, StoreError, StoreResult,
     Table,
 };
-
-use crate::wire::Listening;
 
 /// Upper bounds of latency buckets, in seconds.
 const BUCKETS: [f64; 14] = [
@@ -340,25 +335,9 @@ impl Snapshot for MeteredSnapshot {
     }
 }
 
-/// Counts the connections a server's make-service serves: each one's
-/// service holds a share of a guard that counts it open until the last
-/// share (the connection's own, and those of its requests in flight) is
-/// dropped.
-#[derive(Clone)]
-pub struct CountConnections<M> {
-    inner: M,
-    metrics: Arc<Metrics>,
-}
-
-/// Wraps a make-service (`Router::into_make_service_with_connect_info`
-/// with `SocketAddr`) so that `tarn_http_open_connections` counts the
-/// connections it serves, from a [`Listening`].
-pub fn count_connections<M>(inner: M, metrics: Arc<Metrics>) -> CountConnections<M> {
-    CountConnections { inner, metrics }
-}
-
-/// One connection, counted open while it lives.
-struct Open(Arc<Metrics>);
+/// One connection, counted open (`tarn_http_open_connections`) while
+/// this lives.
+pub struct Open(Arc<Metrics>);
 
 impl Drop for Open {
     fn drop(&mut self) {
@@ -366,61 +345,10 @@ impl Drop for Open {
     }
 }
 
-/// A connection's service, with its share of the connection's guard.
-#[derive(Clone)]
-pub struct Counted<S> {
-    inner: S,
-    _open: Arc<Open>,
-}
-
-impl<M> tower_service::Service<IncomingStream<'_, Listening>> for CountConnections<M>
-where
-    M: tower_service::Service<SocketAddr>,
-    M::Future: Send + 'static,
-    M::Response: Send + 'static,
-    M::Error: Send + 'static,
-{
-    type Response = Counted<M::Response>;
-    type Error = M::Error;
-    type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, M::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), M::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, target: IncomingStream<'_, Listening>) -> Self::Future {
-        let made = self.inner.call(*target.remote_addr());
-        let metrics = self.metrics.clone();
-        Box::pin(async move {
-            let inner = made.await?;
-            metrics.connections.fetch_add(1, Ordering::Relaxed);
-            Ok(Counted {
-                inner,
-                _open: Arc::new(Open(metrics)),
-            })
-        })
-    }
-}
-
-impl<R, S> tower_service::Service<R> for Counted<S>
-where
-    S: tower_service::Service<R>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: R) -> S::Future {
-        self.inner.call(req)
+impl Metrics {
+    /// Counts a connection open until the answer is dropped.
+    pub fn open_connection(self: &Arc<Self>) -> Open {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        Open(self.clone())
     }
 }

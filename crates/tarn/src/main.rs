@@ -1,7 +1,6 @@
 //! The `tarn` binary: `tarn serve` runs the server, `tarn admin` works on a
 //! stopped data directory.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -491,20 +490,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopping = stop.clone();
-    let mut server = tokio::spawn(
-        axum::serve(
-            tarn_server::wire::Listening::new(listener),
-            tarn_server::metrics::count_connections(
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-                metrics,
-            ),
-        )
-        .with_graceful_shutdown(async move { stopping.notified().await })
-        .into_future(),
-    );
+    let mut server = tokio::spawn(tarn_server::serve::serve(
+        tarn_server::wire::Listening::new(listener),
+        app,
+        metrics,
+        tarn_server::serve::HEAD_WAIT,
+        async move { stopping.notified().await },
+    ));
     tokio::select! {
         done = &mut server => {
-            done??;
+            done?;
             return Ok(());
         }
         _ = term.recv() => {}
@@ -517,7 +512,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     streams.end_streams();
     stop.notify_one();
     match tokio::time::timeout(grace, server).await {
-        Ok(done) => done??,
+        Ok(done) => done?,
         Err(_) => tracing::warn!("grace period over; closing the remaining connections"),
     }
     Ok(())

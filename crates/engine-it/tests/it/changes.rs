@@ -797,6 +797,54 @@ async fn old_cursors_are_gone_and_streams_are_limited() {
     ));
 }
 
+/// A stream that fell behind (its queue overflowed, so it catches up from
+/// the store) and finds the entries after its place trimmed away is told
+/// to resync: it never goes on as if nothing was missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_behind_the_kept_changes_resyncs() {
+    let e = Engine::new(
+        Arc::new(tarn_store::memory::MemoryStore::new()),
+        EngineConfig {
+            feed_retention: Duration::from_millis(50),
+            ..common::config()
+        },
+    );
+    let ann = sign_up(&e, "ann").await;
+    let mut sub = e.subscribe(&ann, None, None).await.unwrap();
+    // More than a stream's queue holds, read by no one.
+    let mut made = 0;
+    for round in 0..12 {
+        for _ in 0..100 {
+            e.create_item(&ann, "doc", props(json!({"round": round})), vec![])
+                .await
+                .unwrap();
+            made += 1;
+        }
+        // The hub reads them as they come (it is not the one behind).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The stepping clock moves a millisecond a reading: all but the last
+    // few dozen are old now.
+    assert!(e.trim_changes().await.unwrap() >= 1_000);
+    let mut puts = 0;
+    loop {
+        match next(&mut sub, "a resync after the queued changes").await {
+            Event::Change(_) => puts += 1,
+            Event::Resync => break,
+        }
+        assert!(puts < made, "every change came, and no resync");
+    }
+    assert!(puts < made, "{puts} of {made} came before the resync");
+    // The stream goes on from the end.
+    let id = e
+        .create_item(&ann, "doc", props(json!({})), vec![])
+        .await
+        .unwrap()
+        .item
+        .id;
+    assert_eq!(put_of(next(&mut sub, "after the resync").await), id);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_on_sqlite_and_a_second_node() {
     // Two engines on one SQLite store stand for two nodes: a change written

@@ -2,6 +2,7 @@
 //! access-control table, and the OpenAPI document against the router.
 
 mod access;
+mod connections;
 mod endpoints;
 mod live;
 mod openapi;

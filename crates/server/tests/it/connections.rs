@@ -1,0 +1,75 @@
+//! The server's connections over real TCP: a client that sends no request,
+//! or half of one, is closed, not kept for ever.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::support::TestApp;
+
+/// Reads until the server closes the connection; what it sent.
+async fn until_closed(c: &mut TcpStream, what: &str) -> Vec<u8> {
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "{what}: still open after 20 s");
+    got
+}
+
+#[tokio::test]
+async fn connections_that_send_no_whole_head_are_closed() {
+    let app = TestApp::new().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let at = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(tarn_server::serve::serve(
+        tarn_server::wire::Listening::new(listener),
+        app.router.clone(),
+        app.state.metrics.clone(),
+        Duration::from_secs(1),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    // Nothing sent.
+    let mut silent = TcpStream::connect(at).await.unwrap();
+    assert!(until_closed(&mut silent, "a silent connection")
+        .await
+        .is_empty());
+    // Half a head, then a byte now and then.
+    let mut half = TcpStream::connect(at).await.unwrap();
+    half.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if half.write_all(b"X").await.is_err() {
+                break;
+            }
+        }
+        half
+    });
+    // A whole request is answered, and the connection, kept alive, is
+    // closed once it has waited as long for the next.
+    let mut whole = TcpStream::connect(at).await.unwrap();
+    whole
+        .write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let answered = until_closed(&mut whole, "a kept-alive connection").await;
+    let answered = String::from_utf8_lossy(&answered);
+    assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+    assert!(answered.contains("\"status\":\"ok\""), "{answered}");
+    let mut half = trickle.await.unwrap();
+    let refused = until_closed(&mut half, "a trickling head").await;
+    assert!(
+        !String::from_utf8_lossy(&refused).contains("200 OK"),
+        "a head that never ended was answered"
+    );
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server stops")
+        .unwrap();
+}
