@@ -41,7 +41,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::actor::Actor;
 use crate::error::{EngineError, Result};
 use crate::schema::{self, META};
-use crate::{seal, unseal, Caller, Engine, Item, ItemView, Principal, Role};
+use crate::{seal, unb64, unseal, Caller, Engine, Item, ItemView, Principal, Role};
 
 /// The feed every change goes to.
 pub(crate) const CHANGES: Table = Table::new("changes");
@@ -195,8 +195,8 @@ fn encode_cursor(key: &[u8], store: &[u8]) -> String {
 }
 
 /// The store's cursor inside an API cursor; malformed ones are refused.
-/// A cursor of an older server (version 2 sealed without the store's key)
-/// is `Gone`, as a cursor older than the changes
+/// A cursor of an older server (version 1, unsealed; or version 2 sealed
+/// without the store's key) is `Gone`, as a cursor older than the changes
 /// kept: the client lists again and resumes from the end, instead of a
 /// browser's `EventSource` giving up on a 400 after an upgrade.
 pub(crate) fn decode_cursor(key: &[u8], c: &str) -> Result<Vec<u8>> {
@@ -205,7 +205,10 @@ pub(crate) fn decode_cursor(key: &[u8], c: &str) -> Result<Vec<u8>> {
         return Err(bad());
     }
     let Some(raw) = unseal(key, b"feed", c) else {
-        let older = unseal(&[], &[], c).is_some_and(|r| r.first() == Some(&CURSOR_VERSION));
+        // Version 1 was the byte 1 and a store's 8-byte position, nothing
+        // else: other text that decodes is no cursor at all.
+        let older = unb64(c).is_some_and(|r| r.len() == 9 && r[0] == 1)
+            || unseal(&[], &[], c).is_some_and(|r| r.first() == Some(&CURSOR_VERSION));
         if older {
             return Err(EngineError::Gone(
                 "the cursor is from an older server; list again and start from the end".into(),
@@ -1212,7 +1215,7 @@ mod tests {
     /// A feed cursor holds only with the store's key: one made up (sealed
     /// with another key, say far past the end) is refused; one sealed the
     /// way older servers did, without a key, is `Gone` (the client lists
-    /// again).
+    /// again), as is version 1; other text that decodes is refused.
     #[test]
     fn feed_cursors_hold_only_with_the_stores_key() {
         let key = b"this store's key";
@@ -1234,7 +1237,11 @@ mod tests {
             Err(EngineError::InvalidInput(_))
         ));
         // Text that only decodes (as `AQA` does, to 1 and 0) is no cursor.
-        for junk in ["AQA", "AQAAAAAAAAAH", "Abc"] {
+        assert!(matches!(
+            decode_cursor(key, "AQAAAAAAAAAH"),
+            Err(EngineError::Gone(_))
+        ));
+        for junk in ["AQA", "AQAAAAAAAAAAAAAH", "Abc"] {
             assert!(
                 matches!(decode_cursor(key, junk), Err(EngineError::InvalidInput(_))),
                 "{junk}"

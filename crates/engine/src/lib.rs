@@ -120,8 +120,9 @@ pub struct EngineConfig {
     /// memory flat and leaves cores to every other request when sign-ins
     /// pile up.
     pub password_hashers: usize,
-    /// Sign-ins and sign-ups that may wait for a hasher; past it they are
-    /// answered `unavailable` at once instead of queueing for seconds.
+    /// Sign-ins that may wait for a hasher, and as many sign-ups (and
+    /// password changes) apart; past it they are answered `unavailable` at
+    /// once instead of queueing for seconds.
     pub password_queue: usize,
     /// Groups one user may create per hour (administrators are not counted).
     pub groups_per_hour: u32,
@@ -212,8 +213,9 @@ struct Inner {
     /// The bounded pool of password hashing (like a connection pool: the
     /// only thing requests share besides the store's pools).
     hashing: tokio::sync::Semaphore,
-    /// Callers waiting for a hasher, to bound that queue.
-    hash_waiting: AtomicUsize,
+    /// Callers waiting for a hasher, sign-ins and new passwords apart
+    /// (`users::Hashing`), to bound each queue.
+    hash_waiting: [AtomicUsize; 2],
     /// The node's change hub.
     hub: changes::Hub,
     /// The places of uploads working at once (see `upload_slots`).
@@ -246,7 +248,7 @@ impl Engine {
                 split,
                 retries: AtomicU64::new(0),
                 hashing: tokio::sync::Semaphore::new(hashers),
-                hash_waiting: AtomicUsize::new(0),
+                hash_waiting: [AtomicUsize::new(0), AtomicUsize::new(0)],
                 hub: changes::Hub::new(),
                 uploads: tokio::sync::Semaphore::new(uploads),
                 uploads_open: AtomicI64::new(0),

@@ -84,27 +84,38 @@ struct HashSlot<'a> {
     _permit: tokio::sync::SemaphorePermit<'a>,
 }
 
+/// Who waits for a hasher. Each has a queue of its own, bounded alike, so
+/// a flood of sign-ups (each hashing a new password) fills only theirs:
+/// sign-ins still find places, and wait behind the sign-ups already queued
+/// at most.
+#[derive(Clone, Copy)]
+enum Hashing {
+    /// A sign-in's check (or the hash it spends on an unknown name).
+    SignIn,
+    /// A new password's hash: a sign-up, a password set.
+    NewPassword,
+}
+
 impl Engine {
-    /// Waits for a hasher, or refuses at once when too many wait already:
-    /// sign-ins past the queue's bound are answered `unavailable` (503 with
-    /// `Retry-After`) instead of queueing for seconds.
-    async fn hash_slot(&self) -> Result<HashSlot<'_>> {
+    /// Waits for a hasher, or refuses at once when too many of the same
+    /// purpose wait already: past the queue's bound a request is answered
+    /// `unavailable` (503 with `Retry-After`) instead of queueing for
+    /// seconds.
+    async fn hash_slot(&self, purpose: Hashing) -> Result<HashSlot<'_>> {
         let inner = &self.inner;
         if let Ok(p) = inner.hashing.try_acquire() {
             return Ok(HashSlot { _permit: p });
         }
-        let waiting = inner
-            .hash_waiting
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let queue = &inner.hash_waiting[purpose as usize];
+        let waiting = queue.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let _leave = scopeguard(|| {
-            inner
-                .hash_waiting
-                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            queue.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         });
         if waiting >= inner.config.password_queue {
-            return Err(EngineError::Unavailable(
-                "too many sign-ins at once; try again shortly".into(),
-            ));
+            return Err(EngineError::Unavailable(match purpose {
+                Hashing::SignIn => "too many sign-ins at once; try again shortly".into(),
+                Hashing::NewPassword => "too many sign-ups at once; try again shortly".into(),
+            }));
         }
         let permit = inner
             .hashing
@@ -114,8 +125,8 @@ impl Engine {
         Ok(HashSlot { _permit: permit })
     }
 
-    async fn hash_password(&self, password: &str) -> Result<String> {
-        let _slot = self.hash_slot().await?;
+    async fn hash_password(&self, password: &str, purpose: Hashing) -> Result<String> {
+        let _slot = self.hash_slot(purpose).await?;
         let cost = self.inner.config.password_cost;
         let password = password.to_string();
         tokio::task::spawn_blocking(move || {
@@ -133,7 +144,7 @@ impl Engine {
     }
 
     async fn verify_password(&self, password: &str, hash: &str) -> Result<bool> {
-        let _slot = self.hash_slot().await?;
+        let _slot = self.hash_slot(Hashing::SignIn).await?;
         let password = password.to_string();
         let hash = hash.to_string();
         tokio::task::spawn_blocking(move || {
@@ -162,19 +173,42 @@ impl Engine {
         new: NewUser,
         signup_open: bool,
     ) -> Result<User> {
-        if !signup_open || new.admin {
-            let actor = self
-                .retrying(|| async {
-                    let mut snap = self.snapshot().await?;
-                    Ok(self.resolve(&mut snap, caller, &[], &[]).await?.0)
-                })
-                .await?;
-            actor.require_admin()?;
-        }
         check_new_name("username", &new.username)?;
         check_password(&new.password)?;
         self.check_properties(&new.properties)?;
-        let hash = self.hash_password(&new.password).await?;
+        // Who asks (a token presented is checked, as everywhere) and
+        // whether the name is free, before the hash: a sign-up that will
+        // be refused costs no hasher.
+        let key = schema::user_key(&new.username);
+        let (actor, taken) = self
+            .retrying(|| async {
+                let mut snap = self.snapshot().await?;
+                let (actor, own) = match caller {
+                    Caller::Anonymous => (
+                        None,
+                        crate::read(&mut snap, std::slice::from_ref(&key), &[]).await?,
+                    ),
+                    _ => {
+                        let (actor, own) = self
+                            .resolve(&mut snap, caller, std::slice::from_ref(&key), &[])
+                            .await?;
+                        (Some(actor), own)
+                    }
+                };
+                Ok((actor, own.rows[0].is_some()))
+            })
+            .await?;
+        if !signup_open || new.admin {
+            actor
+                .ok_or_else(|| EngineError::Unauthenticated("sign in as an administrator".into()))?
+                .require_admin()?;
+        }
+        if taken {
+            return Err(taken_name(&new.username));
+        }
+        let hash = self
+            .hash_password(&new.password, Hashing::NewPassword)
+            .await?;
         let user = User {
             username: new.username,
             properties: new.properties,
@@ -183,15 +217,11 @@ impl Engine {
             password_hash: hash,
         };
         let mut b = Batch::new();
-        let key = schema::user_key(&user.username);
         b.put(key.clone(), schema::encode(&user), 1)
             .guard(key, Expect::Absent);
         match self.store().write(b).await {
             Ok(()) => Ok(user),
-            Err(tarn_store::StoreError::GuardFailed { .. }) => Err(EngineError::Conflict(format!(
-                "the username {} is taken",
-                user.username
-            ))),
+            Err(tarn_store::StoreError::GuardFailed { .. }) => Err(taken_name(&user.username)),
             Err(e) => Err(EngineError::from(e).settle()),
         }
     }
@@ -219,7 +249,7 @@ impl Engine {
     ) -> Result<User> {
         check_name("username", username)?;
         check_password(password)?;
-        let hash = self.hash_password(password).await?;
+        let hash = self.hash_password(password, Hashing::NewPassword).await?;
         let user = self
             .retrying(|| async {
                 let current = self.read_user(username).await?;
@@ -314,7 +344,7 @@ impl Engine {
             let Some((user, version)) = self.retrying(|| self.read_user(username)).await? else {
                 // Spend the same time as a real check, so timing does not
                 // tell which usernames exist.
-                let _ = self.hash_password(password).await?;
+                let _ = self.hash_password(password, Hashing::SignIn).await?;
                 return Err(wrong());
             };
             if !self.verify_password(password, &user.password_hash).await? {
@@ -421,13 +451,22 @@ impl Engine {
     }
 
     /// A user's public face (any caller may look).
-    pub async fn get_user(&self, username: &str) -> Result<User> {
-        if !crate::is_valid_name(username) {
-            return Err(EngineError::NotFound(format!("no user {username}")));
-        }
-        self.retrying(|| self.read_user(username))
-            .await?
-            .map(|(u, _)| u)
+    pub async fn get_user(&self, caller: &Caller, username: &str) -> Result<User> {
+        // A name no user can have is read as no one's.
+        let keys: Vec<Key> = crate::is_valid_name(username)
+            .then(|| schema::user_key(username))
+            .into_iter()
+            .collect();
+        let row = self
+            .retrying(|| async {
+                let mut snap = self.snapshot().await?;
+                // A token presented is checked, as everywhere.
+                let mut own = self.resolve(&mut snap, caller, &keys, &[]).await?.1;
+                Ok(own.rows.pop().flatten())
+            })
+            .await?;
+        row.map(|row| schema::decode("user", &row))
+            .transpose()?
             .ok_or_else(|| EngineError::NotFound(format!("no user {username}")))
     }
 
@@ -497,4 +536,8 @@ pub(crate) fn check_stored_hash(user: &User) -> Result<()> {
             user.username
         ))),
     }
+}
+
+fn taken_name(username: &str) -> EngineError {
+    EngineError::Conflict(format!("the username {username} is taken"))
 }

@@ -191,7 +191,7 @@ async fn every_store_failure_is_unavailable() {
             unavailable("get item", m, e.get_item(&session, &id, None).await);
             unavailable("get group", m, e.get_group(&session, "g").await);
             unavailable("list indexes", m, e.list_indexes(&session).await);
-            unavailable("get user", m, e.get_user("alice").await);
+            unavailable("get user", m, e.get_user(&Caller::Anonymous, "alice").await);
             unavailable(
                 "listing",
                 m,

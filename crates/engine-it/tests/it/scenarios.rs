@@ -38,6 +38,77 @@ async fn an_address_failing_across_accounts_is_refused() {
         .unwrap();
 }
 
+/// A flood of sign-ups fills only their own queue for a hasher: sign-ins
+/// still get through, a name that is taken is answered at once (no hash
+/// spent on it), and so is a token that is no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_sign_ups_leaves_sign_ins_their_places() {
+    let e = tarn_engine::Engine::new(
+        Arc::new(MemoryStore::new()),
+        tarn_engine::EngineConfig {
+            // A hash of some milliseconds, one at a time, two may wait.
+            password_cost: tarn_engine::PasswordCost {
+                memory_kib: 8 * 1024,
+                iterations: 4,
+            },
+            password_hashers: 1,
+            password_queue: 2,
+            ..common::config()
+        },
+    );
+    sign_up(&e, "alice").await;
+    let new = |name: String| tarn_engine::NewUser {
+        password: format!("{name}-password"),
+        username: name,
+        properties: Default::default(),
+        admin: false,
+    };
+    let flood: Vec<_> = (0..40)
+        .map(|i| {
+            let (e, user) = (e.clone(), new(format!("flood{i}")));
+            tokio::spawn(async move { e.create_user(&Caller::Anonymous, user, true).await })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    for _ in 0..3 {
+        e.sign_in("alice", "alice-password")
+            .await
+            .expect("a sign-in beside the flood");
+        let r = e
+            .create_user(&Caller::Anonymous, new("alice".into()), true)
+            .await;
+        assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
+    }
+    let mut refused = 0;
+    for f in flood {
+        match f.await.unwrap() {
+            Ok(_) => {}
+            Err(EngineError::Unavailable(_)) => refused += 1,
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(refused > 0, "the flood was answered, not queued");
+    let r = e
+        .create_user(
+            &Caller::Token("alice.not-a-session".into()),
+            new("carol".into()),
+            true,
+        )
+        .await;
+    assert!(matches!(r, Err(EngineError::Unauthenticated(_))), "{r:?}");
+    let r = e
+        .get_user(&Caller::Token("alice.not-a-session".into()), "alice")
+        .await;
+    assert!(matches!(r, Err(EngineError::Unauthenticated(_))), "{r:?}");
+    assert_eq!(
+        e.get_user(&Caller::Anonymous, "alice")
+            .await
+            .unwrap()
+            .username,
+        "alice"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_open_hold_and_end() {
     let (e, _dir) = common::sqlite();
@@ -95,7 +166,7 @@ async fn sessions_expire() {
     assert_eq!(store.len(), before + 2, "a session is two rows");
     // The stepping clock moves 1 ms per reading.
     for _ in 0..10 {
-        e.get_user("alice").await.unwrap();
+        e.get_user(&Caller::Anonymous, "alice").await.unwrap();
         let _ = e
             .create_group(&common::user("alice"), "tick", None, Default::default())
             .await;

@@ -71,17 +71,19 @@ pub struct UserPath {
 /// A user's public profile
 #[utoipa::path(
     get, path = "/api/v1/users/{username}", tag = "users", operation_id = "getUser",
+    security((), ("bearer" = [])),
     params(UserPath),
     responses(
         (status = 200, description = "What any caller may see of the user", body = json::PublicUser),
-        BadRequest, NotFound, ServiceUnavailable,
+        BadRequest, Unauthorized, NotFound, ServiceUnavailable,
     ),
 )]
 pub async fn get(
     State(s): State<AppState>,
+    auth: Auth,
     Path(UserPath { username }): Path<UserPath>,
 ) -> ApiResult<Response> {
-    let user = s.engine.get_user(&username).await?;
+    let user = s.engine.get_user(&auth.caller, &username).await?;
     Ok(reply(
         StatusCode::OK,
         &json::PublicUser {
