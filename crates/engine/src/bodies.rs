@@ -94,13 +94,16 @@ fn grave_key(blob: &str, due: i64) -> Key {
 }
 
 impl Engine {
-    /// Starts replacing an item's body (editors and managers).
+    /// Starts replacing an item's body (editors and managers). With
+    /// `if_match`, an item at another version is refused here, before a
+    /// byte is sent, as well as when the upload finishes.
     pub async fn begin_body(
         &self,
         caller: &Caller,
         id: &str,
         link: Option<&str>,
         content_type: &str,
+        if_match: Option<u64>,
     ) -> Result<BodyUpload> {
         if content_type.is_empty() || content_type.len() > 255 {
             return Err(EngineError::InvalidInput(
@@ -117,6 +120,7 @@ impl Engine {
             })
             .await?;
         self.require_role(&a, Role::Editor, "uploading a body")?;
+        check_version(&a.item, if_match)?;
         let blob = crate::new_id();
         let pending = grave_key(&blob, self.now() + UPLOAD_DEADLINE.as_micros() as i64);
         self.count_upload(1);

@@ -583,6 +583,19 @@ pub fn media_essence(content_type: &str) -> String {
         .to_ascii_lowercase()
 }
 
+/// Whether an essence (see [`media_essence`]) is a media type's form,
+/// `type/subtype`, each a token (RFC 9110, 8.3.1).
+pub fn is_media_type(essence: &str) -> bool {
+    let token = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    essence
+        .split_once('/')
+        .is_some_and(|(t, sub)| token(t) && token(sub))
+}
+
 /// A JSON request body: `application/json` (or no `Content-Type` at all,
 /// as a client that forgot the header sends it, unless a browser says
 /// another site sent it), at most the configured size, refused before it

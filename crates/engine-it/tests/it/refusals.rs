@@ -125,7 +125,11 @@ async fn wrong_roles_are_refused() {
             .await
             .map(drop),
     );
-    forbidden(e.begin_body(&bob, id, None, "text/plain").await.map(drop));
+    forbidden(
+        e.begin_body(&bob, id, None, "text/plain", None)
+            .await
+            .map(drop),
+    );
     // An editor may edit but not share or delete.
     e.set_acl(
         &alice,

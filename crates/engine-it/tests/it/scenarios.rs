@@ -276,7 +276,7 @@ async fn bodies_stream_in_and_out_with_ranges() {
         .map(|i: u32| (i % 251) as u8)
         .collect();
     let mut up = e
-        .begin_body(&alice, &id, None, "application/octet-stream")
+        .begin_body(&alice, &id, None, "application/octet-stream", None)
         .await
         .unwrap();
     for piece in data.chunks(100_003) {
@@ -314,10 +314,13 @@ async fn bodies_stream_in_and_out_with_ranges() {
     }
     // A viewer cannot upload; a stale upload is refused and its chunks go.
     assert!(matches!(
-        e.begin_body(&bob, &id, None, "text/plain").await,
+        e.begin_body(&bob, &id, None, "text/plain", None).await,
         Err(EngineError::Forbidden(_))
     ));
-    let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
+    let mut up = e
+        .begin_body(&alice, &id, None, "text/plain", None)
+        .await
+        .unwrap();
     up.write(b"small").await.unwrap();
     let stale = up.finish(Some(1)).await;
     assert!(
@@ -326,7 +329,10 @@ async fn bodies_stream_in_and_out_with_ranges() {
     );
     settle_rows(&store, with_item + 11).await;
     // Replacing the body buries the old chunks; the sweep removes them.
-    let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
+    let mut up = e
+        .begin_body(&alice, &id, None, "text/plain", None)
+        .await
+        .unwrap();
     up.write(b"small").await.unwrap();
     up.finish(None).await.unwrap();
     let (view, reader) = e.open_body(&bob, &id, None).await.unwrap();
@@ -370,7 +376,13 @@ async fn uploads_rest_only_beside_other_requests() {
             .await
             .unwrap();
         let mut up = e
-            .begin_body(&alice, &item.item.id, None, "application/octet-stream")
+            .begin_body(
+                &alice,
+                &item.item.id,
+                None,
+                "application/octet-stream",
+                None,
+            )
             .await
             .unwrap();
         for piece in data.chunks(64 * 1024) {
@@ -408,11 +420,17 @@ async fn dropped_uploads_leave_nothing() {
         .unwrap();
     let id = item.item.id.clone();
     let rows = store.len();
-    let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
+    let mut up = e
+        .begin_body(&alice, &id, None, "text/plain", None)
+        .await
+        .unwrap();
     up.write(b"not yet stored").await.unwrap();
     drop(up);
     assert_eq!(store.len(), rows, "nothing was written");
-    let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
+    let mut up = e
+        .begin_body(&alice, &id, None, "text/plain", None)
+        .await
+        .unwrap();
     up.write(&vec![1u8; 1024 * 1024 + 1]).await.unwrap();
     assert_eq!(store.len(), rows + 5, "four chunks and the graveyard entry");
     drop(up);
@@ -434,7 +452,7 @@ async fn downloads_in_progress_survive_replace_and_delete() {
         .id;
     let data: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 253) as u8).collect();
     let mut up = e
-        .begin_body(&alice, &id, None, "application/octet-stream")
+        .begin_body(&alice, &id, None, "application/octet-stream", None)
         .await
         .unwrap();
     up.write(&data).await.unwrap();
@@ -444,7 +462,10 @@ async fn downloads_in_progress_survive_replace_and_delete() {
     let mut got = reader.next_chunk().await.unwrap().unwrap();
     assert!(got.len() < data.len(), "the download is under way");
     // Meanwhile the body is replaced, then the item deleted, and a sweep runs.
-    let mut up = e.begin_body(&alice, &id, None, "text/plain").await.unwrap();
+    let mut up = e
+        .begin_body(&alice, &id, None, "text/plain", None)
+        .await
+        .unwrap();
     up.write(b"new").await.unwrap();
     up.finish(None).await.unwrap();
     e.delete_item(&alice, &id, None, None).await.unwrap();

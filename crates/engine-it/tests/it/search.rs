@@ -572,7 +572,7 @@ async fn categories_bodies_paging_and_refusals() {
         .item
         .id;
     let mut up = e
-        .begin_body(&ann, &f, None, "text/plain; charset=utf-8")
+        .begin_body(&ann, &f, None, "text/plain; charset=utf-8", None)
         .await
         .unwrap();
     up.write("Minutes: the committee discussed porcupines.".as_bytes())
@@ -588,7 +588,7 @@ async fn categories_bodies_paging_and_refusals() {
     assert_eq!(ids(&e, &ann, body_q("notes")).await, vec![f.clone()]);
     // A binary body adds no words.
     let mut up = e
-        .begin_body(&ann, &f, None, "application/octet-stream")
+        .begin_body(&ann, &f, None, "application/octet-stream", None)
         .await
         .unwrap();
     up.write(b"porcupines").await.unwrap();

@@ -191,7 +191,7 @@ async fn fill(e: &Engine) -> (Vec<String>, String, String) {
     .unwrap();
     let body: Vec<u8> = b"brew the tea slowly. ".repeat(40_000);
     let mut up = e
-        .begin_body(&ann, &ids[2], None, "text/plain")
+        .begin_body(&ann, &ids[2], None, "text/plain", None)
         .await
         .unwrap();
     up.write(&body).await.unwrap();

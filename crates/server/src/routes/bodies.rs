@@ -15,7 +15,7 @@ use crate::error::{
     PreconditionFailed, RangeNotSatisfiable, ServiceUnavailable, Unauthorized,
     UnsupportedMediaType,
 };
-use crate::extract::{Auth, BodyPieces, IfMatch, LinkKey, Path};
+use crate::extract::{is_media_type, media_essence, Auth, BodyPieces, IfMatch, LinkKey, Path};
 use crate::json::{self, Bytes};
 use crate::routes::items::{item_response, ItemPath};
 use crate::AppState;
@@ -60,6 +60,11 @@ pub async fn put(
     if content_type.is_empty() {
         return Err(ApiError::invalid("a body upload needs a Content-Type"));
     }
+    if !is_media_type(&media_essence(&content_type)) {
+        return Err(ApiError::invalid(
+            "Content-Type is a media type, type/subtype (such as text/plain)",
+        ));
+    }
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -74,7 +79,7 @@ pub async fn put(
     let mut body = BodyPieces::new(req, &s)?;
     let mut upload = s
         .engine
-        .begin_body(&auth.caller, &id, key.as_deref(), &content_type)
+        .begin_body(&auth.caller, &id, key.as_deref(), &content_type, if_match)
         .await?;
     while let Some(piece) = body.next().await? {
         upload.write(&piece).await?;
@@ -122,6 +127,11 @@ fn parse_range(headers: &HeaderMap, size: u64, etag: &str) -> Result<Option<Body
         };
         if n == 0 {
             return Err(());
+        }
+        if size == 0 {
+            // Satisfiable (RFC 9110, 14.1.1), but no 206 can name a byte
+            // of nothing: the whole, empty body.
+            return Ok(None);
         }
         BodyRange {
             start: size.saturating_sub(n),
@@ -324,6 +334,9 @@ mod tests {
         assert_eq!(range("bytés=2-3", 10), Ok(None));
         assert_eq!(range("bytes=10-", 10), Err(()));
         assert_eq!(range("bytes=-0", 10), Err(()));
+        // An empty body: a suffix range is satisfiable, and served whole.
+        assert_eq!(range("bytes=-5", 0), Ok(None));
+        assert_eq!(range("bytes=0-", 0), Err(()));
         // Not a valid range: ignored, the whole body.
         for invalid in [
             "bytes=5-2",

@@ -1948,3 +1948,61 @@ async fn listings_keep_their_cursors_and_read_where_values_as_shown() {
         .expect(status);
     }
 }
+
+/// A body upload at a stale version is refused before its bytes are read;
+/// a Content-Type that is no media type is refused; a suffix range of an
+/// empty body is served whole.
+#[tokio::test]
+async fn body_uploads_are_refused_before_their_bytes() {
+    let app = TestApp::new().await;
+    let alice = app.user("alice").await;
+    let id = app.item(&alice, "doc", json!({}), json!([])).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/api/v1/items/{id}/body");
+    app.put_body(Some(&alice), &path, b"v2".to_vec(), "text/plain")
+        .await
+        .expect(200);
+    // A body that sends one piece and then nothing, for ever: answered
+    // only if the refusal comes before the server reads to its end.
+    let endless = futures_util::stream::once(async {
+        Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b"first piece"))
+    })
+    .chain(futures_util::stream::pending());
+    let req = Request::builder()
+        .method(Method::PUT)
+        .uri(&path)
+        .header("authorization", format!("Bearer {alice}"))
+        .header("content-type", "text/plain")
+        .header("if-match", "\"1\"")
+        .body(Body::from_stream(endless))
+        .unwrap();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(10), app.raw(req))
+        .await
+        .expect("refused without waiting for the body")
+        .expect(412);
+    assert_eq!(r.json()["type"], "version-mismatch");
+    for ct in ["foo", "text/", "/plain", "text plain", "text/pl ain; x=1"] {
+        let r = app
+            .put_body(Some(&alice), &path, b"x".to_vec(), ct)
+            .await
+            .expect(400);
+        assert_eq!(r.json()["type"], "invalid-input", "{ct}");
+    }
+    // An empty body, asked for its last five bytes: all of it (nothing).
+    app.put_body(Some(&alice), &path, Vec::new(), "text/plain")
+        .await
+        .expect(200);
+    let r = app
+        .call_with(
+            Method::GET,
+            &path,
+            Some(&alice),
+            None,
+            &[("range", "bytes=-5")],
+        )
+        .await
+        .expect(200);
+    assert!(r.text().is_empty());
+}
