@@ -452,7 +452,9 @@ export interface paths {
          * @description Ends the session of the bearer token, and the session of the web app's
          *     cookie when the request presents one (both, when it presents both); a
          *     request that presented the cookie is answered with a `Set-Cookie` that
-         *     clears it, whatever the outcome.
+         *     clears it, whatever the sign-out's outcome. (A request signed in by the
+         *     cookie alone must prove its origin first, as every cookie write: one
+         *     that does not is refused `403`, and its cookie stays.)
          */
         delete: operations["signOut"];
         options?: never;
@@ -3405,6 +3407,17 @@ export interface operations {
             /** @description Bad Request: `invalid-input` or `no-index` */
             400: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized: `unauthenticated` */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
                     [name: string]: unknown;
                 };
                 content: {

@@ -42,6 +42,13 @@ pub fn session_cookie_name(tls: bool) -> &'static str {
     }
 }
 
+/// A `Set-Cookie` value that clears the session cookie `name` (over TLS
+/// with `Secure`, as it was set).
+pub fn cleared_cookie(name: &str, tls: bool) -> String {
+    let secure = if tls { "; Secure" } else { "" };
+    format!("{name}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}")
+}
+
 /// The header a cookie-authenticated request that changes something must
 /// carry (with the value `1`). A page of another site cannot send it
 /// without a CORS preflight, which this server never grants.
@@ -75,7 +82,7 @@ impl FromRequestParts<AppState> for Auth {
                     // Only GET and HEAD read without proof: `is_safe()`
                     // would also let OPTIONS and TRACE through.
                     if !matches!(parts.method, Method::GET | Method::HEAD) {
-                        check_same_origin(&parts.headers, via.proxied)?;
+                        check_same_origin(&parts.headers, &via)?;
                     }
                     Ok(Auth {
                         caller: Caller::Token(token),
@@ -143,9 +150,10 @@ pub fn session_cookie(headers: &HeaderMap, tls: bool) -> Option<String> {
 
 /// Refuses a request that does not prove it comes from a page of this
 /// origin: `X-Tarn-CSRF: 1`, and, when the browser says, a same-origin
-/// `Sec-Fetch-Site` and an `Origin` naming this host (`Host`, or
-/// `X-Forwarded-Host` when the request came `proxied` by a trusted proxy).
-pub fn check_same_origin(headers: &HeaderMap, proxied: bool) -> ApiResult<()> {
+/// `Sec-Fetch-Site` and an `Origin` naming this scheme (`https` when the
+/// request came over TLS, as a trusted proxy says) and host (`Host`, or
+/// `X-Forwarded-Host` when the request came through a trusted proxy).
+pub fn check_same_origin(headers: &HeaderMap, via: &Via) -> ApiResult<()> {
     let refuse = |why: &str| {
         Err(ApiError::new(
             Code::Forbidden,
@@ -161,15 +169,18 @@ pub fn check_same_origin(headers: &HeaderMap, proxied: bool) -> ApiResult<()> {
         }
     }
     if let Some(origin) = headers.get(ORIGIN) {
+        let scheme = if via.tls { "https" } else { "http" };
         let authority = origin
             .to_str()
             .ok()
             .and_then(|o| o.split_once("://"))
+            .filter(|(s, _)| s.eq_ignore_ascii_case(scheme))
             .map(|(_, rest)| rest.trim_end_matches('/'));
         let host = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         let same = authority.is_some_and(|a| {
             host(HOST.as_str()).is_some_and(|h| h.eq_ignore_ascii_case(a))
-                || (proxied && host(X_FORWARDED_HOST).is_some_and(|h| h.eq_ignore_ascii_case(a)))
+                || (via.proxied
+                    && host(X_FORWARDED_HOST).is_some_and(|h| h.eq_ignore_ascii_case(a)))
         });
         if !same {
             return refuse("Origin names another site");

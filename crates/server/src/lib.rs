@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -143,6 +143,10 @@ pub fn app_with_web(state: AppState, files: &'static [web::WebFile]) -> Router {
     router
         .fallback(move |method, uri, headers| web::fallback(files, method, uri, headers))
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            own_answers,
+        ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
@@ -200,6 +204,42 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
             request_id = %request_id, method = %method, route, status = status.as_u16(),
             latency_us = micros, "request"
         ),
+    }
+    res
+}
+
+/// An API answer to a request that presents credentials (a bearer token
+/// or the session cookie) is that caller's own: no cache keeps it
+/// (`Cache-Control: private, no-store`, unless the route set its own),
+/// and it varies with those headers. A session cookie that is no session
+/// any more (signed out elsewhere, a password reset, expired) is cleared
+/// with its `401`, so the browser stops sending it and reads as anyone.
+async fn own_answers(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let api = parts.uri.path().starts_with("/api/");
+    let bearer = parts.headers.contains_key(header::AUTHORIZATION);
+    let via = extract::Via::of(&parts, &s);
+    let cookie = extract::session_cookie(&parts.headers, via.tls).is_some();
+    let mut res = next.run(Request::from_parts(parts, body)).await;
+    if !api || !(bearer || cookie) {
+        return res;
+    }
+    let h = res.headers_mut();
+    h.entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("private, no-store"));
+    h.append(
+        header::VARY,
+        HeaderValue::from_static("Authorization, Cookie"),
+    );
+    if cookie
+        && !bearer
+        && res.status() == StatusCode::UNAUTHORIZED
+        && !res.headers().contains_key(header::SET_COOKIE)
+    {
+        let name = extract::session_cookie_name(via.tls);
+        if let Ok(v) = HeaderValue::from_str(&extract::cleared_cookie(name, via.tls)) {
+            res.headers_mut().append(header::SET_COOKIE, v);
+        }
     }
     res
 }

@@ -130,7 +130,9 @@ pub async fn sign_in(
 /// Ends the session of the bearer token, and the session of the web app's
 /// cookie when the request presents one (both, when it presents both); a
 /// request that presented the cookie is answered with a `Set-Cookie` that
-/// clears it, whatever the outcome.
+/// clears it, whatever the sign-out's outcome. (A request signed in by the
+/// cookie alone must prove its origin first, as every cookie write: one
+/// that does not is refused `403`, and its cookie stays.)
 #[utoipa::path(
     delete, path = "/api/v1/sessions/current", tag = "users", operation_id = "signOut",
     security(("bearer" = [])),
@@ -177,9 +179,7 @@ pub async fn sign_out(
             })
     };
     for name in names.iter().filter(|n| sent(n)) {
-        let secure = if via.tls { "; Secure" } else { "" };
-        let clear = format!("{name}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}");
-        if let Ok(v) = HeaderValue::from_str(&clear) {
+        if let Ok(v) = HeaderValue::from_str(&crate::extract::cleared_cookie(name, via.tls)) {
             res.headers_mut().append(header::SET_COOKIE, v);
         }
     }
@@ -235,15 +235,8 @@ pub async fn sign_in_cookie(
     headers: HeaderMap,
     JsonBody(body): JsonBody<json::SignIn>,
 ) -> ApiResult<Response> {
-    match headers.get(crate::extract::CSRF_HEADER) {
-        Some(v) if v.as_bytes() == b"1" => {}
-        _ => {
-            return Err(crate::error::ApiError::invalid(
-                "the cookie sign-in needs the header X-Tarn-CSRF: 1",
-            ))
-        }
-    }
-    check_same_origin(&headers, via.proxied)?;
+    // Without `X-Tarn-CSRF: 1` this is `403`, as every cookie write.
+    check_same_origin(&headers, &via)?;
     let (token, user) = s
         .engine
         .sign_in_throttled(&body.username, &body.password, addr.as_deref())

@@ -45,7 +45,8 @@ async fn browser(app: &TestApp, name: &str) -> String {
 async fn the_cookie_sign_in_sets_an_httponly_strict_cookie_and_never_shows_the_token() {
     let app = TestApp::new().await;
     app.user("alice").await;
-    // Without the CSRF header it is refused before any password is checked.
+    // Without the CSRF header it is refused before any password is
+    // checked, as every cookie write is.
     let r = app
         .call(
             Method::POST,
@@ -54,7 +55,7 @@ async fn the_cookie_sign_in_sets_an_httponly_strict_cookie_and_never_shows_the_t
             Some(json!({"username": "alice", "password": "alice-password"})),
         )
         .await
-        .expect(400);
+        .expect(403);
     assert!(r.header("set-cookie").is_none());
     cookie_sign_in(&app, "alice", "wrong-password")
         .await
@@ -421,6 +422,17 @@ async fn writes_signed_in_by_cookie_need_the_csrf_proofs() {
     .await
     .expect(201);
     assert_eq!(r.json()["createdBy"], "alice");
+    // An origin is its scheme too: over plain HTTP, https://host is not it.
+    for other in ["https://tarn.example:7700", "foo://tarn.example:7700"] {
+        create(vec![
+            c(),
+            csrf(),
+            ("host", "tarn.example:7700".into()),
+            ("origin", other.into()),
+        ])
+        .await
+        .expect(403);
+    }
     // X-Forwarded-Host is believed only from a trusted proxy (see
     // behind_a_trusted_proxy_the_cookie_is_host_only_and_forwarded_host_believed);
     // a client cannot name its own site as this one.
@@ -472,9 +484,18 @@ async fn signing_out_by_cookie_clears_it_and_ends_the_session() {
     )
     .await
     .expect(403);
-    app.call_with(Method::GET, "/api/v1/me", None, None, &h[..1])
+    // What the session reads is its own: no cache keeps it.
+    let r = app
+        .call_with(Method::GET, "/api/v1/me", None, None, &h[..1])
         .await
         .expect(200);
+    assert_eq!(r.header("cache-control"), Some("private, no-store"));
+    assert!(r.header("vary").unwrap().contains("Cookie"));
+    let r = app.get("/api/v1/health", None).await.expect(200);
+    assert!(
+        r.header("cache-control").is_none(),
+        "no credentials, nothing private"
+    );
     let r = app
         .call_with(Method::DELETE, "/api/v1/sessions/current", None, None, &h)
         .await
@@ -482,9 +503,17 @@ async fn signing_out_by_cookie_clears_it_and_ends_the_session() {
     let set = r.header("set-cookie").unwrap();
     assert!(set.starts_with("tarn_session=;"), "{set}");
     assert!(set.contains("Max-Age=0"), "{set}");
-    app.call_with(Method::GET, "/api/v1/me", None, None, &h[..1])
+    // A dead cookie is cleared by the 401 it gets, so the browser stops
+    // sending it.
+    let r = app
+        .call_with(Method::GET, "/api/v1/me", None, None, &h[..1])
         .await
         .expect(401);
+    let set = r.header("set-cookie").expect("the dead cookie cleared");
+    assert!(
+        set.starts_with("tarn_session=;") && set.contains("Max-Age=0"),
+        "{set}"
+    );
     // Signing out again with the dead cookie still clears it.
     let r = app
         .call_with(Method::DELETE, "/api/v1/sessions/current", None, None, &h)
