@@ -457,6 +457,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
 
     let store = open_store(store_url.as_deref(), &data, sqlite_options(false)).await?;
+    // A trusted proxy speaks for many clients: its connections are not
+    // counted against one address.
+    let limits = tarn_server::serve::Limits {
+        exempt: server_config.trusted_proxies.clone(),
+        ..Default::default()
+    };
     let state = AppState::new(store, engine_config, server_config);
     if state.engine.import_unfinished().await? {
         bail!("{PARTIAL}: serving it would serve part of a file");
@@ -494,7 +500,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tarn_server::wire::Listening::new(listener),
         app,
         metrics,
-        tarn_server::serve::HEAD_WAIT,
+        limits,
         async move { stopping.notified().await },
     ));
     tokio::select! {

@@ -26,7 +26,10 @@ async fn connections_that_send_no_whole_head_are_closed() {
         tarn_server::wire::Listening::new(listener),
         app.router.clone(),
         app.state.metrics.clone(),
-        Duration::from_secs(1),
+        tarn_server::serve::Limits {
+            head_wait: Duration::from_secs(1),
+            ..Default::default()
+        },
         async move {
             let _ = stopped.await;
         },
@@ -67,6 +70,68 @@ async fn connections_that_send_no_whole_head_are_closed() {
         !String::from_utf8_lossy(&refused).contains("200 OK"),
         "a head that never ended was answered"
     );
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server stops")
+        .unwrap();
+}
+
+/// One `GET /api/v1/health` on `c`: the first bytes of its answer.
+async fn health(c: &mut TcpStream) -> String {
+    if c.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return String::new();
+    }
+    let mut buf = vec![0; 4096];
+    let n = c.read(&mut buf).await.unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).to_string()
+}
+
+#[tokio::test]
+async fn one_address_keeps_at_most_its_share_of_connections() {
+    let app = TestApp::new().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let at = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(tarn_server::serve::serve(
+        tarn_server::wire::Listening::new(listener),
+        app.router.clone(),
+        app.state.metrics.clone(),
+        tarn_server::serve::Limits {
+            per_address: 2,
+            ..Default::default()
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut first = TcpStream::connect(at).await.unwrap();
+    let mut second = TcpStream::connect(at).await.unwrap();
+    assert!(health(&mut first).await.starts_with("HTTP/1.1 200"));
+    assert!(health(&mut second).await.starts_with("HTTP/1.1 200"));
+    // A third, while both stay open, is answered 503 and closed.
+    let mut third = TcpStream::connect(at).await.unwrap();
+    let refused =
+        String::from_utf8_lossy(&until_closed(&mut third, "a third connection").await).to_string();
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("retry-after: 1"), "{refused}");
+    assert!(refused.contains("\"type\":\"unavailable\""), "{refused}");
+    // Once one closes, there is room again.
+    drop(first);
+    let mut served = false;
+    for _ in 0..50 {
+        let mut again = TcpStream::connect(at).await.unwrap();
+        if health(&mut again).await.starts_with("HTTP/1.1 200") {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served, "a place came free");
+    drop(second);
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(10), server)
         .await
