@@ -364,6 +364,40 @@ test('an administrator declares a text index; search finds what each may read an
   await admin.context.close();
 });
 
+test('every tab of the app shares one event stream: eight tabs load, and each sees changes live', async () => {
+  // A browser keeps six HTTP/1.1 connections to a host, and a stream holds
+  // one while it is open: with a stream a tab, the seventh tab never loaded.
+  const tabs: Page[] = [alice.page];
+  await alice.page.goto('/shared');
+  for (let i = 0; i < 7; i++) {
+    const tab = await alice.context.newPage();
+    await tab.goto('/shared');
+    await expect(tab.getByRole('heading', { level: 1, name: 'Shared with me' })).toBeVisible();
+    tabs.push(tab);
+  }
+  const last = tabs[tabs.length - 1];
+  const shared = last.getByRole('list', { name: 'Shared with me' });
+  await markNoReload(last);
+  async function shareDocument(title: string) {
+    await bob.page.goto('/');
+    await bob.page.getByLabel('New document').fill(title);
+    await bob.page.getByRole('button', { name: 'Create', exact: true }).click();
+    await expect(bob.page.getByRole('heading', { level: 1, name: title })).toBeVisible();
+    const dialog = await share(bob.page, 'alice');
+    await dialog.getByRole('button', { name: 'Close' }).click();
+  }
+  await shareDocument('Memo for every tab');
+  await expect(shared.getByRole('link', { name: 'Memo for every tab' })).toBeVisible();
+  await expect(tabs[3].getByRole('list', { name: 'Shared with me' }).getByRole('link', { name: 'Memo for every tab' })).toBeVisible();
+  await expectNotReloaded(last);
+  // The tab holding the stream goes (all but the last do): the last takes
+  // it over.
+  for (const tab of tabs.slice(0, -1)) await tab.close();
+  await shareDocument('Memo after the others closed');
+  await expect(shared.getByRole('link', { name: 'Memo after the others closed' })).toBeVisible();
+  await expectNotReloaded(last);
+});
+
 test.afterAll(async () => {
   await alice?.context.close();
   await bob?.context.close();
