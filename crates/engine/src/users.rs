@@ -173,29 +173,27 @@ impl Engine {
         new: NewUser,
         signup_open: bool,
     ) -> Result<User> {
-        check_new_name("username", &new.username)?;
-        check_password(&new.password)?;
-        self.check_properties(&new.properties)?;
-        // Who asks (a token presented is checked, as everywhere) and
-        // whether the name is free, before the hash: a sign-up that will
-        // be refused costs no hasher.
-        let key = schema::user_key(&new.username);
+        // Who asks first (a token presented is checked, as everywhere),
+        // then what is asked, and whether the name is free, before the
+        // hash: a sign-up that will be refused costs no hasher.
+        // (A name no user can have is never read as a key.)
+        let named = check_new_name("username", &new.username);
+        let keys: Vec<Key> = named
+            .is_ok()
+            .then(|| schema::user_key(&new.username))
+            .into_iter()
+            .collect();
         let (actor, taken) = self
             .retrying(|| async {
                 let mut snap = self.snapshot().await?;
                 let (actor, own) = match caller {
-                    Caller::Anonymous => (
-                        None,
-                        crate::read(&mut snap, std::slice::from_ref(&key), &[]).await?,
-                    ),
+                    Caller::Anonymous => (None, crate::read(&mut snap, &keys, &[]).await?),
                     _ => {
-                        let (actor, own) = self
-                            .resolve(&mut snap, caller, std::slice::from_ref(&key), &[])
-                            .await?;
+                        let (actor, own) = self.resolve(&mut snap, caller, &keys, &[]).await?;
                         (Some(actor), own)
                     }
                 };
-                Ok((actor, own.rows[0].is_some()))
+                Ok((actor, own.rows.first().is_some_and(Option::is_some)))
             })
             .await?;
         if !signup_open || new.admin {
@@ -203,6 +201,9 @@ impl Engine {
                 .ok_or_else(|| EngineError::Unauthenticated("sign in as an administrator".into()))?
                 .require_admin()?;
         }
+        named?;
+        check_password(&new.password)?;
+        self.check_properties(&new.properties)?;
         if taken {
             return Err(taken_name(&new.username));
         }
@@ -217,6 +218,7 @@ impl Engine {
             password_hash: hash,
         };
         let mut b = Batch::new();
+        let key = schema::user_key(&user.username);
         b.put(key.clone(), schema::encode(&user), 1)
             .guard(key, Expect::Absent);
         match self.store().write(b).await {

@@ -213,10 +213,15 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
 /// (`Cache-Control: private, no-store`, unless the route set its own),
 /// and it varies with those headers. A session cookie that is no session
 /// any more (signed out elsewhere, a password reset, expired) is cleared
-/// with its `401`, so the browser stops sending it and reads as anyone.
+/// with the `401` a request it signs gets, so the browser stops sending it
+/// and reads as anyone.
 async fn own_answers(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
     let api = parts.uri.path().starts_with("/api/");
+    // A sign-in's 401 is about the password it sent (or its address),
+    // never about a session the browser holds; sign-out clears the cookie
+    // itself.
+    let signing = parts.uri.path().starts_with("/api/v1/sessions");
     let bearer = parts.headers.contains_key(header::AUTHORIZATION);
     let via = extract::Via::of(&parts, &s);
     let cookie = extract::session_cookie(&parts.headers, via.tls).is_some();
@@ -233,6 +238,7 @@ async fn own_answers(State(s): State<AppState>, req: Request, next: Next) -> Res
     );
     if cookie
         && !bearer
+        && !signing
         && res.status() == StatusCode::UNAUTHORIZED
         && !res.headers().contains_key(header::SET_COOKIE)
     {

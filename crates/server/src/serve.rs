@@ -41,10 +41,58 @@ use crate::wire::Listening;
 /// when the server starts waiting for it.
 pub const HEAD_WAIT: Duration = Duration::from_secs(30);
 
-/// Connections one client address may keep open at once: far more than a
-/// browser (six a host) or the load kit's thousand event streams need,
-/// and a fifth of the 20,000 descriptors a process usually may open.
-pub const PER_ADDRESS: usize = 4096;
+/// Connections one client address may keep open at once, by default: a
+/// fifth of the descriptors the process may open (`ulimit -n`; `tarn serve`
+/// raises its soft limit to the hard one first), and never fewer than 256
+/// — far more than a browser opens (six a host).
+pub fn per_address_default() -> usize {
+    (open_files_limit() / 5).max(256)
+}
+
+/// The descriptors this process may open (its soft `RLIMIT_NOFILE`).
+fn open_files_limit() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit through a valid pointer.
+    let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    if read {
+        usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
+    } else {
+        1024
+    }
+}
+
+/// Raises this process's soft limit of open descriptors to its hard limit
+/// (as Go's runtime does at start): every connection takes one, and the
+/// usual soft limit of 1,024 is far below what a server needs. Answers the
+/// limit now in force.
+pub fn raise_open_files_limit() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write one rlimit through a
+    // valid pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                tracing::warn!(
+                    soft = limit.rlim_cur,
+                    hard = limit.rlim_max,
+                    "could not raise the limit of open files"
+                );
+            }
+        }
+    }
+    open_files_limit()
+}
 
 /// Bounds on the connections a node keeps.
 #[derive(Clone, Debug)]
@@ -62,7 +110,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             head_wait: HEAD_WAIT,
-            per_address: PER_ADDRESS,
+            per_address: per_address_default(),
             exempt: Vec::new(),
         }
     }
@@ -75,60 +123,79 @@ const STRIPES: usize = 64;
 /// Open connections by client address.
 struct PerAddress {
     stripes: Vec<Mutex<HashMap<IpAddr, usize>>>,
+    hasher: std::hash::RandomState,
 }
 
 /// One connection counted against its address until dropped.
 struct AddressSlot {
     counts: Arc<PerAddress>,
-    ip: IpAddr,
+    key: IpAddr,
+    stripe: usize,
+}
+
+/// What connections are counted under: the address, or for IPv6 its /64
+/// (one host commonly holds a whole /64).
+fn counted_as(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+        v4 => v4,
+    }
 }
 
 impl PerAddress {
     fn new() -> Arc<PerAddress> {
         Arc::new(PerAddress {
             stripes: (0..STRIPES).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: std::hash::RandomState::new(),
         })
     }
 
-    fn stripe(&self, ip: &IpAddr) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
-        use std::hash::{BuildHasher, RandomState};
-        // One hasher for every node is fine: the stripe only spreads locks.
-        thread_local!(static HASHER: RandomState = RandomState::new());
-        let h = HASHER.with(|s| s.hash_one(ip)) as usize;
-        self.stripes[h % STRIPES]
+    fn lock(&self, stripe: usize) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.stripes[stripe]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A place for one more connection of `ip`, if it has fewer than `max`.
     fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<AddressSlot> {
-        let mut counts = self.stripe(&ip);
-        let n = counts.entry(ip).or_insert(0);
+        use std::hash::BuildHasher;
+        let key = counted_as(ip);
+        let stripe = self.hasher.hash_one(key) as usize % STRIPES;
+        let mut counts = self.lock(stripe);
+        let n = counts.entry(key).or_insert(0);
         if *n >= max {
             return None;
         }
         *n += 1;
         Some(AddressSlot {
             counts: self.clone(),
-            ip,
+            key,
+            stripe,
         })
     }
 }
 
 impl Drop for AddressSlot {
     fn drop(&mut self) {
-        let mut counts = self.counts.stripe(&self.ip);
-        if let Some(n) = counts.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.ip);
+        let mut counts = self.counts.lock(self.stripe);
+        match counts.get_mut(&self.key) {
+            Some(1) => {
+                counts.remove(&self.key);
+            }
+            Some(n) => *n -= 1,
+            None => {
+                debug_assert!(false, "a connection of {} was not counted", self.key);
+                tracing::error!(address = %self.key, "a connection was not counted");
             }
         }
     }
 }
 
 /// What a connection past its address's bound is told before it closes.
-fn too_many() -> Vec<u8> {
+fn overload_answer() -> Vec<u8> {
     let body = serde_json::to_vec(&crate::error::Problem {
         slug: "unavailable",
         title: "Service Unavailable",
@@ -177,10 +244,11 @@ pub async fn serve(
             match per_address.take(ip, limits.per_address) {
                 Some(slot) => Some(slot),
                 None => {
+                    tracing::debug!(address = %ip, "a connection past its address's bound refused");
                     // Answered, not left waiting; a client that does not
                     // read the answer is let go of after a second.
                     tokio::spawn(async move {
-                        let answer = too_many();
+                        let answer = overload_answer();
                         let _ = tokio::time::timeout(Duration::from_secs(1), async {
                             io.write_all(&answer).await?;
                             io.shutdown().await
@@ -208,10 +276,14 @@ pub async fn serve(
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
-                tracing::trace!(error = %e, "a connection ended with an error");
+                // A head not sent in time, a client gone mid-request.
+                tracing::debug!(error = %e, "a connection ended with an error");
             }
             drop((open, slot));
         });
     }
+    // Refuse new connections at once while those open finish, so that a
+    // balancer turns to another node instead of waiting here.
+    drop(listener);
     graceful.shutdown().await;
 }

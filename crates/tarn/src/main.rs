@@ -457,6 +457,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
 
     let store = open_store(store_url.as_deref(), &data, sqlite_options(false)).await?;
+    let open_files = tarn_server::serve::raise_open_files_limit();
+    tracing::info!(open_files, "descriptors this process may open");
     // A trusted proxy speaks for many clients: its connections are not
     // counted against one address.
     let limits = tarn_server::serve::Limits {

@@ -27,6 +27,7 @@ let source: EventSource | null = null;
 let channel: BroadcastChannel | null = null;
 let waiting: AbortController | null = null;
 let release: (() => void) | null = null;
+let retry: ReturnType<typeof setTimeout> | null = null;
 
 export const stream = $state({ connected: false });
 
@@ -58,6 +59,8 @@ export function startLive(onResync: () => void) {
   waiting = abort;
   navigator.locks
     .request(NAME, { signal: abort.signal }, () => {
+      // Granted to a start that was stopped since: let the lock go.
+      if (channel !== ch) return Promise.resolve();
       // This tab holds the stream until stopLive (or the tab closes).
       waiting = null;
       return new Promise<void>((resolve) => {
@@ -87,7 +90,15 @@ function open(onResync: () => void, ch: BroadcastChannel | null) {
     deliver({ resync: true });
     send({ kind: 'opened' });
   };
-  es.onerror = () => connected(es.readyState === EventSource.OPEN);
+  es.onerror = () => {
+    connected(es.readyState === EventSource.OPEN);
+    // Closed for good (the server refused it: signed out, too many
+    // streams): start again a little later, letting another tab take the
+    // stream meanwhile, instead of leaving every tab without one.
+    if (es.readyState === EventSource.CLOSED && source === es) {
+      retry = setTimeout(() => startLive(onResync), 5000);
+    }
+  };
   es.onmessage = (e) => {
     let change: Change;
     try {
@@ -106,6 +117,8 @@ function open(onResync: () => void, ch: BroadcastChannel | null) {
 }
 
 export function stopLive() {
+  if (retry) clearTimeout(retry);
+  retry = null;
   waiting?.abort();
   waiting = null;
   source?.close();

@@ -1,5 +1,6 @@
 //! The server's connections over real TCP: a client that sends no request,
-//! or half of one, is closed, not kept for ever.
+//! or half of one, is closed, not kept for ever; one address keeps at most
+//! its share of connections.
 
 use std::time::Duration;
 
@@ -16,36 +17,65 @@ async fn until_closed(c: &mut TcpStream, what: &str) -> Vec<u8> {
     got
 }
 
-#[tokio::test]
-async fn connections_that_send_no_whole_head_are_closed() {
-    let app = TestApp::new().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+/// A server of `app` on a free loopback port within `limits`: its address,
+/// what stops it, and the task that ends when it has stopped.
+fn serve(
+    app: &TestApp,
+    limits: tarn_server::serve::Limits,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
     let at = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(tarn_server::serve::serve(
-        tarn_server::wire::Listening::new(listener),
+        tarn_server::wire::Listening::new(TcpListener::from_std(listener).unwrap()),
         app.router.clone(),
         app.state.metrics.clone(),
-        tarn_server::serve::Limits {
-            head_wait: Duration::from_secs(1),
-            ..Default::default()
-        },
+        limits,
         async move {
             let _ = stopped.await;
         },
     ));
+    (at, stop, server)
+}
+
+/// Stops a server [`serve`] started, and waits for it.
+async fn stop(stopper: tokio::sync::oneshot::Sender<()>, server: tokio::task::JoinHandle<()>) {
+    stopper.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server stops")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_send_no_whole_head_are_closed() {
+    let app = TestApp::new().await;
+    let (at, stopper, server) = serve(
+        &app,
+        tarn_server::serve::Limits {
+            head_wait: Duration::from_secs(1),
+            ..Default::default()
+        },
+    );
     // Nothing sent.
     let mut silent = TcpStream::connect(at).await.unwrap();
     assert!(until_closed(&mut silent, "a silent connection")
         .await
         .is_empty());
-    // Half a head, then a byte now and then.
+    // Half a head, then a byte now and then, for longer than the closing
+    // is waited for: only a bound on the whole head closes it, not one on
+    // silence.
     let mut half = TcpStream::connect(at).await.unwrap();
     half.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
         .await
         .unwrap();
     let trickle = tokio::spawn(async move {
-        for _ in 0..30 {
+        for _ in 0..200 {
             tokio::time::sleep(Duration::from_millis(300)).await;
             if half.write_all(b"X").await.is_err() {
                 break;
@@ -70,11 +100,7 @@ async fn connections_that_send_no_whole_head_are_closed() {
         !String::from_utf8_lossy(&refused).contains("200 OK"),
         "a head that never ended was answered"
     );
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), server)
-        .await
-        .expect("the server stops")
-        .unwrap();
+    stop(stopper, server).await;
 }
 
 /// One `GET /api/v1/health` on `c`: the first bytes of its answer.
@@ -90,28 +116,39 @@ async fn health(c: &mut TcpStream) -> String {
     String::from_utf8_lossy(&buf[..n]).to_string()
 }
 
-#[tokio::test]
+/// A connection to `at` that was served (tried again while the server has
+/// yet to notice that one closed before gave its place back).
+async fn served(at: std::net::SocketAddr) -> Option<TcpStream> {
+    for _ in 0..100 {
+        let mut c = TcpStream::connect(at).await.unwrap();
+        if health(&mut c).await.starts_with("HTTP/1.1 200") {
+            return Some(c);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_address_keeps_at_most_its_share_of_connections() {
     let app = TestApp::new().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let at = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(tarn_server::serve::serve(
-        tarn_server::wire::Listening::new(listener),
-        app.router.clone(),
-        app.state.metrics.clone(),
+    let (at, stopper, server) = serve(
+        &app,
         tarn_server::serve::Limits {
             per_address: 2,
             ..Default::default()
         },
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    let mut first = TcpStream::connect(at).await.unwrap();
-    let mut second = TcpStream::connect(at).await.unwrap();
-    assert!(health(&mut first).await.starts_with("HTTP/1.1 200"));
-    assert!(health(&mut second).await.starts_with("HTTP/1.1 200"));
+    );
+    // Connections one after another, more than the bound: each closed one
+    // gives its place back, whichever thread ends it.
+    for _ in 0..10 {
+        assert!(
+            served(at).await.is_some(),
+            "a place came free after the last"
+        );
+    }
+    let first = served(at).await.expect("a first connection");
+    let second = served(at).await.expect("a second connection");
     // A third, while both stay open, is answered 503 and closed.
     let mut third = TcpStream::connect(at).await.unwrap();
     let refused =
@@ -121,20 +158,7 @@ async fn one_address_keeps_at_most_its_share_of_connections() {
     assert!(refused.contains("\"type\":\"unavailable\""), "{refused}");
     // Once one closes, there is room again.
     drop(first);
-    let mut served = false;
-    for _ in 0..50 {
-        let mut again = TcpStream::connect(at).await.unwrap();
-        if health(&mut again).await.starts_with("HTTP/1.1 200") {
-            served = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(served, "a place came free");
+    assert!(served(at).await.is_some(), "a place came free");
     drop(second);
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), server)
-        .await
-        .expect("the server stops")
-        .unwrap();
+    stop(stopper, server).await;
 }

@@ -496,6 +496,19 @@ async fn signing_out_by_cookie_clears_it_and_ends_the_session() {
         r.header("cache-control").is_none(),
         "no credentials, nothing private"
     );
+    // A wrong password sent from a browser that is signed in says nothing
+    // of its session: the cookie stays.
+    let r = app
+        .call_with(
+            Method::POST,
+            "/api/v1/sessions/cookie",
+            None,
+            Some(json!({"username": "alice", "password": "not-her-password"})),
+            &h,
+        )
+        .await
+        .expect(401);
+    assert!(r.header("set-cookie").is_none());
     let r = app
         .call_with(Method::DELETE, "/api/v1/sessions/current", None, None, &h)
         .await
