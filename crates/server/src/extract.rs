@@ -206,8 +206,16 @@ pub struct Via {
 impl Via {
     /// How the request of `parts` came.
     pub fn of(parts: &Parts, s: &AppState) -> Via {
-        let proxied = parts
-            .extensions
+        Via::from(&parts.extensions, &parts.headers, s)
+    }
+
+    /// How `req` came.
+    pub fn of_request(req: &axum::extract::Request, s: &AppState) -> Via {
+        Via::from(req.extensions(), req.headers(), s)
+    }
+
+    fn from(extensions: &axum::http::Extensions, headers: &HeaderMap, s: &AppState) -> Via {
+        let proxied = extensions
             .get::<ConnectInfo<SocketAddr>>()
             .is_some_and(|c| {
                 let peer = c.0.ip();
@@ -215,7 +223,7 @@ impl Via {
             });
         Via {
             proxied,
-            tls: proxied && says_https(&parts.headers),
+            tls: proxied && says_https(headers),
         }
     }
 }

@@ -143,10 +143,6 @@ pub fn app_with_web(state: AppState, files: &'static [web::WebFile]) -> Router {
     router
         .fallback(move |method, uri, headers| web::fallback(files, method, uri, headers))
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            own_answers,
-        ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
@@ -159,7 +155,8 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// One log line and one metrics record per request, and a request id.
+/// One log line and one metrics record per request, and a request id;
+/// an answer to credentials made private ([`Credentials`]).
 async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let start = Instant::now();
     let method = req.method().clone();
@@ -180,7 +177,11 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
     let n = s.next_request.fetch_add(1, Ordering::Relaxed);
     let request_id = format!("{:08x}-{n:x}", s.node);
     let _in_flight = s.metrics.start();
+    let credentials = Credentials::of(&req, &s);
     let mut res = next.run(req).await;
+    if let Some(c) = credentials {
+        c.mark(&mut res);
+    }
     let status = res.status();
     let latency = start.elapsed();
     s.metrics.record(series, status.as_u16(), latency);
@@ -208,6 +209,8 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
     res
 }
 
+/// What a request presented that makes its answer private.
+///
 /// An API answer to a request that presents credentials (a bearer token
 /// or the session cookie) is that caller's own: no cache keeps it
 /// (`Cache-Control: private, no-store`, unless the route set its own),
@@ -215,39 +218,59 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
 /// any more (signed out elsewhere, a password reset, expired) is cleared
 /// with the `401` a request it signs gets, so the browser stops sending it
 /// and reads as anyone.
-async fn own_answers(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    let (parts, body) = req.into_parts();
-    let api = parts.uri.path().starts_with("/api/");
-    // A sign-in's 401 is about the password it sent (or its address),
-    // never about a session the browser holds; sign-out clears the cookie
-    // itself.
-    let signing = parts.uri.path().starts_with("/api/v1/sessions");
-    let bearer = parts.headers.contains_key(header::AUTHORIZATION);
-    let via = extract::Via::of(&parts, &s);
-    let cookie = extract::session_cookie(&parts.headers, via.tls).is_some();
-    let mut res = next.run(Request::from_parts(parts, body)).await;
-    if !api || !(bearer || cookie) {
-        return res;
+struct Credentials {
+    bearer: bool,
+    /// The name of the session cookie presented, if one was.
+    cookie: Option<&'static str>,
+    tls: bool,
+    /// A sign-in's 401 is about the password it sent (or its address),
+    /// never about a session the browser holds; sign-out clears the
+    /// cookie itself.
+    signing: bool,
+}
+
+impl Credentials {
+    /// Those of an API request, if it presents any.
+    fn of(req: &Request, s: &AppState) -> Option<Credentials> {
+        let h = req.headers();
+        let path = req.uri().path();
+        if !path.starts_with("/api/")
+            || !(h.contains_key(header::AUTHORIZATION) || h.contains_key(header::COOKIE))
+        {
+            return None;
+        }
+        let tls = extract::Via::of_request(req, s).tls;
+        let cookie = extract::session_cookie(h, tls).map(|_| extract::session_cookie_name(tls));
+        let bearer = h.contains_key(header::AUTHORIZATION);
+        (bearer || cookie.is_some()).then_some(Credentials {
+            bearer,
+            cookie,
+            tls,
+            signing: path.starts_with("/api/v1/sessions"),
+        })
     }
-    let h = res.headers_mut();
-    h.entry(header::CACHE_CONTROL)
-        .or_insert(HeaderValue::from_static("private, no-store"));
-    h.append(
-        header::VARY,
-        HeaderValue::from_static("Authorization, Cookie"),
-    );
-    if cookie
-        && !bearer
-        && !signing
-        && res.status() == StatusCode::UNAUTHORIZED
-        && !res.headers().contains_key(header::SET_COOKIE)
-    {
-        let name = extract::session_cookie_name(via.tls);
-        if let Ok(v) = HeaderValue::from_str(&extract::cleared_cookie(name, via.tls)) {
-            res.headers_mut().append(header::SET_COOKIE, v);
+
+    fn mark(self, res: &mut Response) {
+        let dead_cookie = match self.cookie {
+            Some(name) if !self.bearer && !self.signing => (res.status()
+                == StatusCode::UNAUTHORIZED
+                && !res.headers().contains_key(header::SET_COOKIE))
+            .then_some(name),
+            _ => None,
+        };
+        let h = res.headers_mut();
+        h.entry(header::CACHE_CONTROL)
+            .or_insert(HeaderValue::from_static("private, no-store"));
+        h.append(
+            header::VARY,
+            HeaderValue::from_static("Authorization, Cookie"),
+        );
+        if let Some(name) = dead_cookie {
+            if let Ok(v) = HeaderValue::from_str(&extract::cleared_cookie(name, self.tls)) {
+                h.append(header::SET_COOKIE, v);
+            }
         }
     }
-    res
 }
 
 /// Renders any error as problem JSON (for callers outside the router).
