@@ -213,8 +213,9 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
 ///
 /// An API answer to a request that presents credentials (a bearer token
 /// or the session cookie) is that caller's own: no cache keeps it
-/// (`Cache-Control: private, no-store`, unless the route set its own),
-/// and it varies with those headers. A session cookie that is no session
+/// (`Cache-Control: private, no-store`, unless the route set its own), it
+/// varies with those headers, and no other site's page may embed it
+/// (`Cross-Origin-Resource-Policy: same-origin`). A session cookie that is no session
 /// any more (signed out elsewhere, a password reset, expired) is cleared
 /// with the `401` a request it signs gets, so the browser stops sending it
 /// and reads as anyone.
@@ -264,6 +265,13 @@ impl Credentials {
         h.append(
             header::VARY,
             HeaderValue::from_static("Authorization, Cookie"),
+        );
+        // Nor may another site's page embed it (an `<img>` of a body, say,
+        // sent with the cookie by a sibling subdomain): its loading or not
+        // would tell that page what exists.
+        h.insert(
+            "cross-origin-resource-policy",
+            HeaderValue::from_static("same-origin"),
         );
         if let Some(name) = dead_cookie {
             if let Ok(v) = HeaderValue::from_str(&extract::cleared_cookie(name, self.tls)) {

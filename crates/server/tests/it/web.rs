@@ -491,6 +491,10 @@ async fn signing_out_by_cookie_clears_it_and_ends_the_session() {
         .expect(200);
     assert_eq!(r.header("cache-control"), Some("private, no-store"));
     assert!(r.header("vary").unwrap().contains("Cookie"));
+    assert_eq!(
+        r.header("cross-origin-resource-policy"),
+        Some("same-origin")
+    );
     let r = app.get("/api/v1/health", None).await.expect(200);
     assert!(
         r.header("cache-control").is_none(),
