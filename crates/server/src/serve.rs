@@ -13,12 +13,16 @@
 //! an event stream, a slow upload) is not timed. And one address keeps at
 //! most [`Limits::per_address`] connections open at once: past it a new
 //! one is answered `503` and closed, so one client opening connections as
-//! fast as it can still leaves descriptors to everyone else.
+//! fast as it can still leaves descriptors to everyone else; and the node
+//! keeps at most [`Limits::max_open`] of all addresses, so that however
+//! many share them, a connection past it is answered too, not left to
+//! `accept` failing for everyone.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,7 +34,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower_service::Service;
 
 use crate::extract::Cidr;
@@ -48,6 +52,20 @@ pub const HEAD_WAIT: Duration = Duration::from_secs(30);
 pub fn per_address_default() -> usize {
     (open_files_limit() / 5).max(256)
 }
+
+/// Connections the node keeps open at once, by default: all the
+/// descriptors the process may open but a reserve (a tenth, at least 256)
+/// for the store's files and connections and everything else, so that
+/// however many addresses share them, a connection past it is answered
+/// `503` instead of `accept` failing for everyone (`EMFILE`).
+pub fn max_open_default() -> usize {
+    let limit = open_files_limit();
+    limit.saturating_sub((limit / 10).max(256)).max(64)
+}
+
+/// The longest request head taken (hyper's own bound depends on how the
+/// bytes arrive); past it, `431`.
+pub const MAX_HEAD: usize = 400 * 1024;
 
 /// The descriptors this process may open (its soft `RLIMIT_NOFILE`).
 fn open_files_limit() -> usize {
@@ -101,6 +119,8 @@ pub struct Limits {
     pub head_wait: Duration,
     /// The most connections one client address keeps open at once.
     pub per_address: usize,
+    /// The most connections the node keeps open at once, of every address.
+    pub max_open: usize,
     /// Peers whose connections are not counted: the trusted proxies, each
     /// of which speaks for many clients.
     pub exempt: Vec<Cidr>,
@@ -111,6 +131,7 @@ impl Default for Limits {
         Limits {
             head_wait: HEAD_WAIT,
             per_address: per_address_default(),
+            max_open: max_open_default(),
             exempt: Vec::new(),
         }
     }
@@ -212,6 +233,42 @@ fn overload_answer() -> Vec<u8> {
     out
 }
 
+/// Answers a connection past a bound `503` and closes it. What the client
+/// sent meanwhile is read and dropped for a moment, so that closing does
+/// not reset the connection before the client has read the answer; one
+/// that does not read it is let go of after a second.
+async fn refuse<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut io: T) {
+    let answer = overload_answer();
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        io.write_all(&answer).await?;
+        io.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while io.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}
+
+/// One connection counted among the node's open ones until dropped.
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    /// A place among `max`, if one is free.
+    fn take(open: &Arc<AtomicUsize>, max: usize) -> Option<Counted> {
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| Counted(open.clone()))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Serves `app` on `listener` within `limits` until `stop` completes; then
 /// stops accepting and asks every connection to close after its request
 /// in flight, and completes when all have (the caller bounds that wait).
@@ -228,36 +285,30 @@ pub async fn serve(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.head_wait);
+        .header_read_timeout(limits.head_wait)
+        .max_header_size(MAX_HEAD);
     let graceful = GracefulShutdown::new();
     let per_address = PerAddress::new();
+    let open_now = Arc::new(AtomicUsize::new(0));
     let mut stop = std::pin::pin!(stop);
     loop {
-        let (mut io, addr) = tokio::select! {
+        let (io, addr) = tokio::select! {
             accepted = axum::serve::Listener::accept(&mut listener) => accepted,
             () = &mut stop => break,
         };
         let ip = addr.ip();
-        let slot = if limits.exempt.iter().any(|c| c.contains(ip)) {
+        let counted = Counted::take(&open_now, limits.max_open);
+        let slot = if counted.is_none() {
             None
+        } else if limits.exempt.iter().any(|c| c.contains(ip)) {
+            Some(None)
         } else {
-            match per_address.take(ip, limits.per_address) {
-                Some(slot) => Some(slot),
-                None => {
-                    tracing::debug!(address = %ip, "a connection past its address's bound refused");
-                    // Answered, not left waiting; a client that does not
-                    // read the answer is let go of after a second.
-                    tokio::spawn(async move {
-                        let answer = overload_answer();
-                        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-                            io.write_all(&answer).await?;
-                            io.shutdown().await
-                        })
-                        .await;
-                    });
-                    continue;
-                }
-            }
+            per_address.take(ip, limits.per_address).map(Some)
+        };
+        let (Some(counted), Some(slot)) = (counted, slot) else {
+            tracing::debug!(address = %ip, "a connection past a bound refused");
+            tokio::spawn(refuse(io));
+            continue;
         };
         let open = metrics.open_connection();
         let app = app.clone();
@@ -279,7 +330,7 @@ pub async fn serve(
                 // A head not sent in time, a client gone mid-request.
                 tracing::debug!(error = %e, "a connection ended with an error");
             }
-            drop((open, slot));
+            drop((open, slot, counted));
         });
     }
     // Refuse new connections at once while those open finish, so that a

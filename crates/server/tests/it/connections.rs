@@ -131,14 +131,32 @@ async fn served(at: std::net::SocketAddr) -> Option<TcpStream> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_address_keeps_at_most_its_share_of_connections() {
+    two_at_once(tarn_server::serve::Limits {
+        per_address: 2,
+        ..Default::default()
+    })
+    .await;
+}
+
+/// However many addresses share them: a connection past the node's bound
+/// is answered too, not left to fail `accept` for everyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_keeps_at_most_its_connections() {
+    two_at_once(tarn_server::serve::Limits {
+        max_open: 2,
+        // (Not counted by address: only the node's bound holds.)
+        exempt: vec!["127.0.0.1".parse().unwrap()],
+        ..Default::default()
+    })
+    .await;
+}
+
+/// A server within `limits` that allow two connections from here: more,
+/// one after another, are served; a third open at once is answered 503
+/// and closed; once one closes, there is room again.
+async fn two_at_once(limits: tarn_server::serve::Limits) {
     let app = TestApp::new().await;
-    let (at, stopper, server) = serve(
-        &app,
-        tarn_server::serve::Limits {
-            per_address: 2,
-            ..Default::default()
-        },
-    );
+    let (at, stopper, server) = serve(&app, limits);
     // Connections one after another, more than the bound: each closed one
     // gives its place back, whichever thread ends it.
     for _ in 0..10 {
