@@ -128,13 +128,11 @@ impl Engine {
         let mut b = Batch::new();
         b.put(key.clone(), schema::encode(&group), 1)
             .guard(key, Expect::Absent);
-        match self.store().write(b).await {
-            Ok(()) => Ok(group),
-            Err(tarn_store::StoreError::GuardFailed { .. }) => {
-                Err(EngineError::Conflict(format!("the group {id} exists")))
-            }
-            Err(e) => Err(EngineError::from(e).settle()),
-        }
+        self.create_row(b, || {
+            EngineError::Conflict(format!("the group {id} exists"))
+        })
+        .await?;
+        Ok(group)
     }
 
     /// Counts one group creation in the user's hourly window; refuses past

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tarn_store::{Batch, Key, Snapshot, SnapshotExt, Store};
+use tarn_store::{Batch, Key, Snapshot, SnapshotExt, Store, StoreError};
 
 pub use bodies::{BodyRange, BodyReader, BodyUpload};
 pub use changes::{Change, ChangeOp, ChangePage, Event, Subscription, POLL};
@@ -406,6 +406,20 @@ impl Engine {
     /// Runs `op` until it succeeds, fails for good, or has used its attempts.
     /// Only store conflicts and failed guards (data changed since it was
     /// read) are retried, with jittered exponential backoff.
+    /// Writes `b`, whose guards say its new row is absent; `taken()` when
+    /// it is not. A write the store did not apply because a concurrent one
+    /// won (a lightweight transaction under contention) is tried again,
+    /// and then finds the row if that other write made it.
+    pub(crate) async fn create_row(&self, b: Batch, taken: impl Fn() -> EngineError) -> Result<()> {
+        self.retrying(|| async {
+            match self.store().write(b.clone()).await {
+                Err(StoreError::GuardFailed { .. }) => Err(taken()),
+                written => Ok(written?),
+            }
+        })
+        .await
+    }
+
     pub(crate) async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T>
     where
         F: FnMut() -> Fut,

@@ -221,11 +221,8 @@ impl Engine {
         let key = schema::user_key(&user.username);
         b.put(key.clone(), schema::encode(&user), 1)
             .guard(key, Expect::Absent);
-        match self.store().write(b).await {
-            Ok(()) => Ok(user),
-            Err(tarn_store::StoreError::GuardFailed { .. }) => Err(taken_name(&user.username)),
-            Err(e) => Err(EngineError::from(e).settle()),
-        }
+        self.create_row(b, || taken_name(&user.username)).await?;
+        Ok(user)
     }
 
     /// Makes sure the user `admin` exists with this password and the admin
@@ -374,8 +371,13 @@ impl Engine {
             match self.store().write(b).await {
                 Ok(()) => return Ok((token, user)),
                 // The user row changed meanwhile (a new password, or only
-                // new properties): check again against what it is now.
-                Err(tarn_store::StoreError::GuardFailed { .. }) if attempt < 2 => attempt += 1,
+                // new properties), or the write lost to a concurrent one
+                // (a lightweight transaction under contention): check
+                // again against what it is now.
+                Err(
+                    tarn_store::StoreError::GuardFailed { .. }
+                    | tarn_store::StoreError::Conflict(_),
+                ) if attempt < 2 => attempt += 1,
                 Err(e) => return Err(EngineError::from(e).settle()),
             }
         }

@@ -26,6 +26,9 @@ const OUTAGE_AFTER_WRITE: u8 = 4;
 const OUTAGE: u8 = 5;
 /// Writes of item rows wait (do not fail) until the mode changes.
 const ITEM_WRITES_WAIT: u8 = 6;
+/// The next write is not applied, as a lightweight transaction that lost
+/// to a concurrent one (`Conflict`); then writes work again.
+const CONTENDED_ONCE: u8 = 7;
 
 /// A memory store that fails on demand, each time with another kind of
 /// store error.
@@ -130,6 +133,15 @@ impl Store for Failing {
         if matches!(self.mode.load(Ordering::Relaxed), WRITES_FAIL | OUTAGE) {
             return Err(failure(&self.turn));
         }
+        if self
+            .mode
+            .compare_exchange(CONTENDED_ONCE, OK, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Err(StoreError::Conflict(
+                "lost to a concurrent transaction".into(),
+            ));
+        }
         let items = batch.ops.iter().any(|op| op.key().table.name() == "items");
         while items && self.mode.load(Ordering::Relaxed) == ITEM_WRITES_WAIT {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -165,6 +177,31 @@ fn unavailable<T: std::fmt::Debug>(what: &str, mode: u8, r: Result<T, EngineErro
         matches!(r, Err(EngineError::Unavailable(_))),
         "{what} with failure mode {mode}: {r:?}"
     );
+}
+
+/// A creation whose guarded write lost to a concurrent one (Cassandra's
+/// lightweight transactions under contention) is tried again: it is made,
+/// or, when the other one made the row, answered `Conflict` (409) — never
+/// `Unavailable` (two nodes creating one group id at once answered 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creations_that_lose_to_a_concurrent_write_are_tried_again() {
+    let (e, mode) = failing(tarn_store::memory::MemoryStore::new());
+    // An administrator's creation is not counted: its first write is the
+    // group's own.
+    let admin = common::admin();
+    mode.store(CONTENDED_ONCE, Ordering::Relaxed);
+    e.create_group(&admin, "team", None, Default::default())
+        .await
+        .expect("made on the second try");
+    mode.store(CONTENDED_ONCE, Ordering::Relaxed);
+    let r = e.create_group(&admin, "team", None, Default::default()).await;
+    assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
+    mode.store(CONTENDED_ONCE, Ordering::Relaxed);
+    sign_up(&e, "bob").await;
+    mode.store(CONTENDED_ONCE, Ordering::Relaxed);
+    e.sign_in("bob", "bob-password")
+        .await
+        .expect("a sign-in whose session write lost once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
