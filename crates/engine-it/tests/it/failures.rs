@@ -194,7 +194,9 @@ async fn creations_that_lose_to_a_concurrent_write_are_tried_again() {
         .await
         .expect("made on the second try");
     mode.store(CONTENDED_ONCE, Ordering::Relaxed);
-    let r = e.create_group(&admin, "team", None, Default::default()).await;
+    let r = e
+        .create_group(&admin, "team", None, Default::default())
+        .await;
     assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
     mode.store(CONTENDED_ONCE, Ordering::Relaxed);
     sign_up(&e, "bob").await;
