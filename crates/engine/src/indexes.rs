@@ -168,6 +168,10 @@ const BACKFILL_BATCH: usize = 512;
 const BACKFILL_IN_FLIGHT: usize = 128;
 /// Most index declarations kept.
 pub(crate) const MAX_INDEXES: usize = 1000;
+/// How long a declaration waits for its index's build before it answers
+/// `building`: an index over a kind of few items (a new application's)
+/// answers `ready`, and the next request may use it at once, on any store.
+const BUILD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub(crate) fn builtins() -> Vec<IndexDef> {
     let by_modified = vec![SortField {
@@ -714,22 +718,32 @@ impl Engine {
         if let Some(aside) = aside {
             self.spawn_work(aside);
         }
-        if let Some(build) = Task::of(&def).filter(|_| created) {
-            self.spawn_work(build);
+        let build = Task::of(&def)
+            .filter(|_| created)
+            .and_then(|t| self.spawn_work(t));
+        let Some(build) = build else {
+            return Ok((def, created));
+        };
+        // The build goes on in the background if it takes longer.
+        if tokio::time::timeout(BUILD_WAIT, build).await.is_err() {
+            return Ok((def, created));
         }
-        Ok((def, created))
+        let defs = self.retrying(|| self.read_defs()).await?;
+        match defs.get(name) {
+            Some(now) if now.uid == def.uid => Ok((now.clone(), created)),
+            _ => Ok((def, created)),
+        }
     }
 
     /// Starts `task` in the background, unless this node already works on
     /// it. While it runs, it beats: it rewrites the task's beat row every
     /// [`EngineConfig::index_beat`](crate::EngineConfig), so other nodes
-    /// can tell it from work a stopped node left.
-    fn spawn_work(&self, task: Task) {
-        let Some(mine) = Working::claim(self, &task) else {
-            return;
-        };
+    /// can tell it from work a stopped node left. Answers the running work
+    /// (`None` if this node already works on it).
+    fn spawn_work(&self, task: Task) -> Option<tokio::task::JoinHandle<()>> {
+        let mine = Working::claim(self, &task)?;
         let engine = self.clone();
-        tokio::spawn(async move {
+        Some(tokio::spawn(async move {
             let key = schema::beat_key(&task.name, &task.uid);
             let name = &task.name;
             let run = keep_trying(name, || async {
@@ -758,7 +772,7 @@ impl Engine {
                 tracing::warn!(index = %name, error = %e, "a finished work's beat row stays");
             }
             drop(mine);
-        });
+        }))
     }
 
     /// Rewrites the beat row `key` of the work on index `name` with a
@@ -932,10 +946,14 @@ impl Engine {
             return Ok(());
         }
         let kind = def.kind.clone().unwrap_or_default();
-        for bucket in 0..KIND_BUCKETS {
-            self.retrying(|| self.raise_stamp(&kind, bucket, def.since))
-                .await?;
-        }
+        // Each bucket's stamp is a row of its own: raised all at once (on
+        // Cassandra each is a lightweight transaction, and one after
+        // another they were most of the time an empty kind took to build).
+        let (kind_ref, since) = (&kind, def.since);
+        futures_util::future::try_join_all(
+            (0..KIND_BUCKETS).map(|b| self.retrying(move || self.raise_stamp(kind_ref, b, since))),
+        )
+        .await?;
         self.for_each_item(&kind, |row| {
             let since = def.since;
             async move {

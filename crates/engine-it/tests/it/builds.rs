@@ -387,15 +387,49 @@ async fn long_sort_values_are_indexed_by_a_prefix() {
     assert!(list(json!(other)).await.is_empty());
 }
 
-/// An index on a kind with no items is ready without waiting for anything.
-#[tokio::test]
-async fn an_index_on_an_empty_kind_is_ready_at_once() {
-    let e = common::memory();
-    e.declare_index(&admin(), "empty-by-x", "empty", vec![], by_rank(Order::Asc))
+/// An index on a kind with no items, or few, is ready when its
+/// declaration answers (it answered `building`, and a listing right after
+/// it could be refused `index-building`).
+async fn few_items_are_built_before_the_declaration_answers(e: Engine) {
+    let (def, _) = e
+        .declare_index(&admin(), "empty-by-x", "empty", vec![], by_rank(Order::Asc))
         .await
         .unwrap();
-    // wait_ready polls every 10 ms; the build needs only its own writes.
-    common::wait_ready(&e, "empty-by-x").await;
+    assert_eq!(def.state, tarn_engine::IndexState::Ready);
+    let alice = sign_up(&e, "alice").await;
+    for rank in [3, 1, 2] {
+        e.create_item(&alice, "few", props(json!({"rank": rank})), vec![])
+            .await
+            .unwrap();
+    }
+    let (def, _) = e
+        .declare_index(&admin(), "few-by-rank", "few", vec![], by_rank(Order::Desc))
+        .await
+        .unwrap();
+    assert_eq!(def.state, tarn_engine::IndexState::Ready);
+    let ids = listed(&e, &alice, "few", Order::Desc).await.unwrap();
+    assert_eq!(ids.len(), 3);
+}
+
+#[tokio::test]
+async fn few_items_are_built_before_the_declaration_answers_on_memory() {
+    few_items_are_built_before_the_declaration_answers(common::memory()).await;
+}
+
+#[tokio::test]
+async fn few_items_are_built_before_the_declaration_answers_on_sqlite() {
+    let (e, _dir) = common::sqlite();
+    few_items_are_built_before_the_declaration_answers(e).await;
+}
+
+#[tokio::test]
+async fn few_items_are_built_before_the_declaration_answers_on_postgres() {
+    few_items_are_built_before_the_declaration_answers(common::postgres().await).await;
+}
+
+#[tokio::test]
+async fn few_items_are_built_before_the_declaration_answers_on_cassandra() {
+    few_items_are_built_before_the_declaration_answers(common::cassandra().await).await;
 }
 
 /// Dropping an index while writes go on, then declaring one of the same
