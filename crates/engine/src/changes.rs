@@ -187,6 +187,13 @@ pub enum Event {
 
 const CURSOR_VERSION: u8 = 2;
 
+/// A page of changes, and whether its read reached the feed's readable
+/// end (rather than the page's limit or the budget).
+struct Pulled {
+    page: ChangePage,
+    reached_end: bool,
+}
+
 fn encode_cursor(key: &[u8], store: &[u8]) -> String {
     let mut c = Vec::with_capacity(store.len() + 1);
     c.push(CURSOR_VERSION);
@@ -678,31 +685,65 @@ impl Engine {
         if let Some(k) = kind {
             crate::model::check_name("kind", k)?;
         }
+        let Some(since) = since else {
+            return self
+                .retrying(|| async {
+                    let mut snap = self.snapshot().await?;
+                    // Resolved for its refusals (a dead session is 401).
+                    self.resolve(&mut snap, caller, &[], &[]).await?;
+                    let end = snap.feed_end(CHANGES).await?;
+                    Ok(ChangePage {
+                        changes: Vec::new(),
+                        next: encode_cursor(key, &end),
+                        resync: false,
+                    })
+                })
+                .await;
+        };
+        let page = self.pull_page(caller, key, since, kind, limit).await?;
         // On a store whose feed is readable only some time after a write
-        // (Cassandra), wait that long first: a pull then returns every
-        // change committed before it was asked, on any node.
+        // (Cassandra), a page that reached the readable end waits that long
+        // and reads on: it then holds every change committed before it was
+        // asked, on any node. A full page (of changes further back) is
+        // answered at once.
         let lag = self.store().feed_lag();
-        if since.is_some() && !lag.is_zero() {
-            tokio::time::sleep(lag).await;
+        if lag.is_zero() || !page.reached_end {
+            return Ok(page.page);
         }
+        tokio::time::sleep(lag).await;
+        let mut first = page.page;
+        let since = decode_cursor(key, &first.next)?;
+        let rest = self
+            .pull_page(caller, key, since, kind, limit - first.changes.len())
+            .await?
+            .page;
+        first.changes.extend(rest.changes);
+        first.next = rest.next;
+        first.resync |= rest.resync;
+        Ok(first)
+    }
+
+    /// One read of [`Engine::changes`] from `since`: at most `limit`
+    /// changes, looking at no more than [`PULL_BUDGET`] entries.
+    async fn pull_page(
+        &self,
+        caller: &Caller,
+        key: &[u8],
+        since: Vec<u8>,
+        kind: Option<&str>,
+        limit: usize,
+    ) -> Result<Pulled> {
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (actor, own) = self
                 .resolve(&mut snap, caller, &[trimmed_key()], &[])
                 .await?;
-            let Some(since) = since.clone() else {
-                let end = snap.feed_end(CHANGES).await?;
-                return Ok(ChangePage {
-                    changes: Vec::new(),
-                    next: encode_cursor(key, &end),
-                    resync: false,
-                });
-            };
             check_not_trimmed(&own.rows[0], &since)?;
             let mut changes = Vec::new();
-            let mut cursor = since;
+            let mut cursor = since.clone();
             let mut looked = 0;
             let mut resync = false;
+            let mut reached_end = false;
             while changes.len() < limit && looked < PULL_BUDGET {
                 let entries = snap.read_feed(CHANGES, Some(&cursor), READ_BATCH).await?;
                 let n = entries.len();
@@ -719,13 +760,17 @@ impl Engine {
                     }
                 }
                 if n < READ_BATCH {
+                    reached_end = changes.len() < limit;
                     break;
                 }
             }
-            Ok(ChangePage {
-                changes,
-                next: encode_cursor(key, &cursor),
-                resync,
+            Ok(Pulled {
+                page: ChangePage {
+                    changes,
+                    next: encode_cursor(key, &cursor),
+                    resync,
+                },
+                reached_end,
             })
         })
         .await

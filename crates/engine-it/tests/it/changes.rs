@@ -903,3 +903,71 @@ async fn changes_on_cassandra_across_two_stores() {
     let ids: Vec<String> = page.changes.iter().map(|c| c.id.clone()).collect();
     assert_eq!(ids, made);
 }
+
+/// A store whose feed is said to be readable only a second after a write
+/// (as Cassandra's), over the in-memory store.
+struct Lagging(tarn_store::memory::MemoryStore);
+
+#[async_trait::async_trait]
+impl tarn_store::Store for Lagging {
+    async fn snapshot(&self) -> tarn_store::StoreResult<Box<dyn tarn_store::Snapshot>> {
+        self.0.snapshot().await
+    }
+
+    async fn write(&self, batch: tarn_store::Batch) -> tarn_store::StoreResult<()> {
+        self.0.write(batch).await
+    }
+
+    fn consistency(&self) -> tarn_store::Consistency {
+        self.0.consistency()
+    }
+
+    fn feed_lag(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    async fn trim_feed(
+        &self,
+        feed: tarn_store::Table,
+        through: &[u8],
+        limit: usize,
+    ) -> tarn_store::StoreResult<usize> {
+        self.0.trim_feed(feed, through, limit).await
+    }
+}
+
+/// On a store whose feed lags, a pull waits out the lag only when it
+/// reaches the readable end: full pages of earlier changes are answered at
+/// once (every page waited a second, so paging through history on
+/// Cassandra took a second a page), and the last page still holds every
+/// change committed before it was asked. Time here is tokio's paused clock.
+#[tokio::test]
+async fn full_pages_do_not_wait_for_a_lagging_feed() {
+    let e = common::engine(Arc::new(Lagging(tarn_store::memory::MemoryStore::new())));
+    let ann = sign_up(&e, "ann").await;
+    let mut cursor = e.changes(&ann, None, None, 1).await.unwrap().next;
+    let mut made = Vec::new();
+    for n in 0..25 {
+        let v = e
+            .create_item(&ann, "doc", props(json!({"n": n})), vec![])
+            .await
+            .unwrap();
+        made.push(v.item.id);
+    }
+    tokio::time::pause();
+    let start = tokio::time::Instant::now();
+    let mut seen = Vec::new();
+    for (want, waited) in [(10, false), (10, false), (5, true)] {
+        let page = e.changes(&ann, Some(&cursor), None, 10).await.unwrap();
+        assert_eq!(page.changes.len(), want);
+        assert_eq!(
+            start.elapsed() >= Duration::from_secs(1),
+            waited,
+            "page {} waited for the lag: {waited}",
+            seen.len() / 10 + 1
+        );
+        seen.extend(page.changes.into_iter().map(|c| c.id));
+        cursor = page.next;
+    }
+    assert_eq!(seen, made);
+}
