@@ -105,11 +105,7 @@ impl Engine {
         content_type: &str,
         if_match: Option<u64>,
     ) -> Result<BodyUpload> {
-        if content_type.is_empty() || content_type.len() > 255 {
-            return Err(EngineError::InvalidInput(
-                "a body needs a Content-Type of at most 255 bytes".into(),
-            ));
-        }
+        check_content_type(content_type)?;
         let a = self
             .retrying(|| async {
                 let mut snap = self.snapshot().await?;
@@ -488,7 +484,50 @@ fn hex(bytes: &[u8]) -> String {
 /// them (`cut`), without their last word segment (Unicode's word bounds,
 /// so in any script), so that a word the cut split is not indexed as the
 /// fragment it left.
-fn indexed_text(text: Vec<u8>, cut: bool) -> String {
+/// Refuses a body's `Content-Type` that is not a media type of at most
+/// 255 bytes: `type/subtype`, each a token (RFC 9110, 8.3.1), parameters
+/// after a `;` as they come.
+pub(crate) fn check_content_type(content_type: &str) -> Result<()> {
+    if content_type.is_empty() || content_type.len() > 255 {
+        return Err(EngineError::InvalidInput(
+            "a body needs a Content-Type of at most 255 bytes".into(),
+        ));
+    }
+    if !is_media_type(content_type) {
+        return Err(EngineError::InvalidInput(
+            "Content-Type is a media type, type/subtype (such as text/plain)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A content type's essence: its type/subtype, lower case, without
+/// parameters.
+pub fn media_essence(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// Whether a content type's essence is a media type's form,
+/// `type/subtype`, each a token (RFC 9110, 8.3.1).
+pub fn is_media_type(content_type: &str) -> bool {
+    let token = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    media_essence(content_type)
+        .split_once('/')
+        .is_some_and(|(t, sub)| token(t) && token(sub))
+}
+
+/// The part of a textual body's first bytes whose words are indexed: up to
+/// its last whole word when the body goes on past them (`cut`).
+pub(crate) fn indexed_text(text: Vec<u8>, cut: bool) -> String {
     use unicode_segmentation::UnicodeSegmentation;
     let mut text = String::from_utf8_lossy(&text).into_owned();
     if cut {

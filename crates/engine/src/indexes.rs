@@ -728,10 +728,17 @@ impl Engine {
         if tokio::time::timeout(BUILD_WAIT, build).await.is_err() {
             return Ok((def, created));
         }
-        let defs = self.retrying(|| self.read_defs()).await?;
-        match defs.get(name) {
-            Some(now) if now.uid == def.uid => Ok((now.clone(), created)),
-            _ => Ok((def, created)),
+        // The declaration is made: a failure to read its state now answers
+        // it as building, which it was.
+        match self.retrying(|| self.read_defs()).await {
+            Ok(defs) => match defs.get(name) {
+                Some(now) if now.uid == def.uid => Ok((now.clone(), created)),
+                _ => Ok((def, created)),
+            },
+            Err(e) => {
+                tracing::warn!(index = %name, error = %e, "a declared index's state could not be read back");
+                Ok((def, created))
+            }
         }
     }
 

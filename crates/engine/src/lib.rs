@@ -43,7 +43,7 @@ use std::time::Duration;
 
 use tarn_store::{Batch, Key, Snapshot, SnapshotExt, Store, StoreError};
 
-pub use bodies::{BodyRange, BodyReader, BodyUpload};
+pub use bodies::{is_media_type, media_essence, BodyRange, BodyReader, BodyUpload};
 pub use changes::{Change, ChangeOp, ChangePage, Event, Subscription, POLL};
 pub use error::{EngineError, Result};
 pub use groups::MemberPage;

@@ -25,11 +25,17 @@ use tarn_store::{Batch, Expect, Key, Row, Scan, SnapshotExt};
 use crate::actor::Admit;
 use crate::error::{EngineError, Result};
 use crate::indexes::{IndexDef, IndexState};
-use crate::schema::{self, ItemRow, BLOBS, GROUPS, ITEMS, MEMBERS, META, USERS};
+use crate::schema::{self, ItemRow, BLOBS, GROUPS, INDEX_DEFS, ITEMS, MEMBERS, META, USERS};
 use crate::{b64, unb64, Engine, Group, Item, Principal, Role, User};
 
-/// Rows one export batch reads.
+/// Most rows one batch of a whole-store walk reads.
 const BATCH: usize = 1000;
+/// Fewest rows one batch of a whole-store walk reads.
+const MIN_BATCH: usize = 16;
+/// The bytes a batch of a whole-store walk aims at: the walk sizes each
+/// batch by the bytes a row of the last one held, so that rows of body
+/// chunks (256 KiB each) come a few at a time and small rows a thousand.
+const BATCH_BYTES: usize = 4 << 20;
 /// Rows one import write holds, about.
 const WRITE: usize = 1000;
 
@@ -146,8 +152,9 @@ impl Engine {
             }
         }
         let mut cursor: Option<Vec<u8>> = None;
+        let mut limit = MIN_BATCH;
         loop {
-            let (rows, next) = self.rows_after(cursor.as_deref()).await?;
+            let (rows, next) = self.rows_after(cursor.as_deref(), &mut limit).await?;
             for (key, row) in rows {
                 let table = key.table;
                 let text = |b: &[u8]| {
@@ -231,15 +238,16 @@ impl Engine {
         }
     }
 
-    /// Whether the store holds no users, groups or items (an import's
-    /// target must not).
+    /// Whether the store holds no users, groups, items or index
+    /// declarations (an import's target must not).
     pub async fn is_empty(&self) -> Result<bool> {
         let mut cursor: Option<Vec<u8>> = None;
+        let mut limit = MIN_BATCH;
         loop {
-            let (rows, next) = self.rows_after(cursor.as_deref()).await?;
+            let (rows, next) = self.rows_after(cursor.as_deref(), &mut limit).await?;
             if rows
                 .iter()
-                .any(|(k, _)| [USERS, GROUPS, ITEMS].contains(&k.table))
+                .any(|(k, _)| [USERS, GROUPS, ITEMS, INDEX_DEFS].contains(&k.table))
             {
                 return Ok(false);
             }
@@ -250,14 +258,23 @@ impl Engine {
         }
     }
 
-    /// A batch of the store's rows, every table's, after `cursor` (from the
-    /// first without it), in one snapshot; and the cursor to go on from.
+    /// A batch of at most `limit` of the store's rows, every table's,
+    /// after `cursor` (from the first without it), in one snapshot; and
+    /// the cursor to go on from. Sets `limit` for the next batch from the
+    /// bytes these rows held (see [`BATCH_BYTES`]).
     async fn rows_after(
         &self,
         cursor: Option<&[u8]>,
+        limit: &mut usize,
     ) -> Result<(Vec<(Key, Row)>, Option<Vec<u8>>)> {
-        self.retrying(|| async { Ok(self.snapshot().await?.scan_all(cursor, BATCH).await?) })
-            .await
+        let n = *limit;
+        let (rows, next) = self
+            .retrying(|| async { Ok(self.snapshot().await?.scan_all(cursor, n).await?) })
+            .await?;
+        let bytes: usize = rows.iter().map(|(_, r)| r.value.len()).sum();
+        let per_row = bytes / rows.len().max(1) + 1;
+        *limit = (BATCH_BYTES / per_row).clamp(MIN_BATCH, BATCH);
+        Ok((rows, next))
     }
 
     /// An importer writing records into this (empty) store.
@@ -291,9 +308,11 @@ fn unfinished_key() -> Key {
 }
 
 /// A body whose chunks an import is reading (they come right after their
-/// item), checked against the item's size and hash once they end.
+/// item), checked against the item's size and hash once they end. The
+/// item is written then, with the words of its bytes (a file's word list
+/// is not taken: index rows come from what the store holds).
 struct BodyCheck {
-    item: String,
+    item: Item,
     blob: String,
     /// Every chunk but the last holds this many bytes (reads find a byte
     /// by its chunk), and the last the rest.
@@ -303,18 +322,36 @@ struct BodyCheck {
     next: u64,
     got: u64,
     hasher: sha2::Sha256,
+    /// A textual body's first bytes, as an upload keeps them.
+    text: Option<Vec<u8>>,
 }
 
 impl BodyCheck {
-    fn end(self) -> Result<()> {
+    /// The item, its body checked, with the words of the body's bytes.
+    fn end(self) -> Result<Item> {
         let sha: String = hex(&self.hasher.finalize());
+        let mut item = self.item;
         if self.got != self.size || sha != self.sha256 {
             return Err(EngineError::InvalidInput(format!(
                 "the body of item {} does not match it: {} bytes with SHA-256 {sha}, where the item says {} bytes with {}",
-                self.item, self.got, self.size, self.sha256
+                item.id, self.got, self.size, self.sha256
             )));
         }
-        Ok(())
+        let (words, word_count) = match self.text {
+            Some(t) => {
+                let cut = self.size > t.len() as u64;
+                crate::text::word_counts(
+                    &crate::bodies::indexed_text(t, cut),
+                    crate::search::BODY_WORDS,
+                )
+            }
+            None => (Vec::new(), 0),
+        };
+        if let Some(body) = &mut item.body {
+            body.words = words;
+            body.word_count = word_count;
+        }
+        Ok(item)
     }
 }
 
@@ -341,6 +378,13 @@ impl Importer {
     pub fn without_end_record(mut self) -> Importer {
         self.need_end = false;
         self
+    }
+
+    /// Whether this import has written to the store (from its first
+    /// record that is no index declaration on): before, a failure leaves
+    /// the store as it was.
+    pub fn wrote(&self) -> bool {
+        self.defs.is_some()
     }
 
     /// Adds one record.
@@ -394,9 +438,7 @@ impl Importer {
         if let Record::Chunk { blob, n, data } = &record {
             return self.chunk(blob, *n, data).await;
         }
-        if let Some(body) = self.body.take() {
-            body.end()?;
-        }
+        self.end_body()?;
         let defs = match &self.defs {
             Some(d) => d.clone(),
             None => {
@@ -411,6 +453,7 @@ impl Importer {
             Record::User { user } => {
                 crate::model::check_new_name("username", &user.username)?;
                 check_time(&user.username, user.created_at)?;
+                self.engine.check_properties(&user.properties)?;
                 crate::users::check_stored_hash(&user)?;
                 let key = schema::user_key(&user.username);
                 fresh(&mut self.fresh, &key, "user", &user.username)?;
@@ -420,6 +463,7 @@ impl Importer {
                 crate::model::check_new_name("group id", &group.id)?;
                 check_time(&group.id, group.created_at)?;
                 check_group(&group)?;
+                self.engine.check_properties(&group.properties)?;
                 let key = schema::group_key(&group.id);
                 fresh(&mut self.fresh, &key, "group", &group.id)?;
                 b.put(key, schema::encode(&group), 1);
@@ -442,11 +486,14 @@ impl Importer {
                     )));
                 }
                 let m = member.to_string();
-                b.put(
-                    Key::new(MEMBERS, group.as_bytes(), m.as_bytes()),
-                    schema::MARK.to_vec(),
-                    1,
-                );
+                let key = Key::new(MEMBERS, group.as_bytes(), m.as_bytes());
+                fresh(
+                    &mut self.fresh,
+                    &key,
+                    "membership",
+                    &format!("{m} in {group}"),
+                )?;
+                b.put(key, schema::MARK.to_vec(), 1);
                 b.put(
                     Key::new(schema::MEMBERSHIPS, m.as_bytes(), group.as_bytes()),
                     schema::MARK.to_vec(),
@@ -468,29 +515,23 @@ impl Importer {
                     "item",
                     &item.id,
                 )?;
-                if let Some(body) = &item.body {
-                    self.body = Some(BodyCheck {
-                        item: item.id.clone(),
-                        blob: body.blob.clone(),
-                        chunk: u64::from(body.chunk),
-                        size: body.size,
-                        sha256: body.sha256.clone(),
-                        next: 0,
-                        got: 0,
-                        hasher: sha2::Sha256::new(),
-                    });
+                match &item.body {
+                    Some(body) => {
+                        crate::bodies::check_content_type(&body.content_type)?;
+                        self.body = Some(BodyCheck {
+                            blob: body.blob.clone(),
+                            chunk: u64::from(body.chunk),
+                            size: body.size,
+                            sha256: body.sha256.clone(),
+                            next: 0,
+                            got: 0,
+                            hasher: sha2::Sha256::new(),
+                            text: crate::search::is_textual(&body.content_type).then(Vec::new),
+                            item,
+                        });
+                    }
+                    None => put_item(b, &defs, &item, self.engine.split()),
                 }
-                defs.apply_diff(b, None, Some(&item), self.engine.split());
-                b.put(
-                    schema::kind_key(&item.kind, &item.id),
-                    schema::MARK.to_vec(),
-                    1,
-                );
-                b.put(
-                    schema::item_key(&item.id),
-                    schema::encode_item(&item, defs.version),
-                    1,
-                );
             }
             Record::Link { item, hash, role } => {
                 if !matches!(role, Role::Viewer | Role::Editor) {
@@ -503,11 +544,9 @@ impl Importer {
                 })?;
                 let mut clus = b"l".to_vec();
                 clus.extend_from_slice(&hash);
-                b.put(
-                    Key::new(ITEMS, item.as_bytes(), clus),
-                    schema::encode(&role),
-                    1,
-                );
+                let key = Key::new(ITEMS, item.as_bytes(), clus);
+                fresh(&mut self.fresh, &key, "link", &format!("of item {item}"))?;
+                b.put(key, schema::encode(&role), 1);
             }
             Record::Chunk { .. } | Record::End { .. } => unreachable!("handled above"),
         }
@@ -525,13 +564,13 @@ impl Importer {
                     "chunk {n} of blob {blob} does not come next: a body's chunks follow its item, in order"
                 ))
             })?;
+        let item = &body.item.id;
         let bytes = unb64(data)
             .ok_or_else(|| EngineError::InvalidInput("chunk data is base64url".into()))?;
         let want = body.chunk.min(body.size.saturating_sub(body.got));
         if bytes.len() as u64 != want {
             return Err(EngineError::InvalidInput(format!(
-                "chunk {n} of the body of item {} holds {} bytes where its chunk size ({}) and size ({}) say {want}",
-                body.item,
+                "chunk {n} of the body of item {item} holds {} bytes where its chunk size ({}) and size ({}) say {want}",
                 bytes.len(),
                 body.chunk,
                 body.size
@@ -540,6 +579,10 @@ impl Importer {
         body.next += 1;
         body.got += bytes.len() as u64;
         body.hasher.update(&bytes);
+        if let Some(t) = &mut body.text {
+            let room = crate::search::BODY_TEXT.saturating_sub(t.len());
+            t.extend_from_slice(&bytes[..room.min(bytes.len())]);
+        }
         self.batch.put(schema::chunk_key(blob, n), bytes, 1);
         self.flush_when_full().await
     }
@@ -565,11 +608,9 @@ impl Importer {
     /// is marked as holding an unfinished import.
     pub async fn finish(mut self) -> Result<Moved> {
         if self.defs.is_none() {
-            self.declare().await?;
+            self.defs = Some(self.declare().await?);
         }
-        if let Some(body) = self.body.take() {
-            body.end()?;
-        }
+        self.end_body()?;
         self.flush().await?;
         match &self.end {
             None if !self.need_end => {}
@@ -599,8 +640,19 @@ impl Importer {
         Ok(self.moved)
     }
 
-    /// Writes what is pending, unless it would create a user, group or
-    /// item the store already holds.
+    /// Ends the body being read, if any: checks it and adds its item.
+    fn end_body(&mut self) -> Result<()> {
+        let Some(body) = self.body.take() else {
+            return Ok(());
+        };
+        let item = body.end()?;
+        let defs = self.defs.as_ref().expect("declared before any item");
+        put_item(&mut self.batch, defs, &item, self.engine.split());
+        Ok(())
+    }
+
+    /// Writes what is pending, unless it would create a user, group,
+    /// item, membership or link the store already holds.
     async fn flush(&mut self) -> Result<()> {
         let b = std::mem::take(&mut self.batch);
         let fresh: Vec<Key> = std::mem::take(&mut self.fresh).into_iter().collect();
@@ -665,6 +717,21 @@ impl Importer {
     }
 }
 
+/// Adds an item's rows to `b`: its index rows, kind entry and item row.
+fn put_item(b: &mut Batch, defs: &crate::indexes::Defs, item: &Item, split: u32) {
+    defs.apply_diff(b, None, Some(item), split);
+    b.put(
+        schema::kind_key(&item.kind, &item.id),
+        schema::MARK.to_vec(),
+        1,
+    );
+    b.put(
+        schema::item_key(&item.id),
+        schema::encode_item(item, defs.version),
+        1,
+    );
+}
+
 /// Notes that the batch creates `key`; refused when it already does.
 fn fresh(keys: &mut BTreeSet<Key>, key: &Key, what: &str, name: &str) -> Result<()> {
     if !keys.insert(key.clone()) {
@@ -704,6 +771,12 @@ fn check_item(engine: &Engine, item: &Item) -> Result<()> {
     }
     check_time(&item.id, item.created_at)?;
     check_time(&item.id, item.modified_at)?;
+    if item.modified_at < item.created_at {
+        return Err(EngineError::InvalidInput(format!(
+            "item {} was modified before it was created",
+            item.id
+        )));
+    }
     if item.acl.len() > crate::items::MAX_GRANTS {
         return Err(crate::items::too_many_grants());
     }
@@ -749,8 +822,9 @@ impl Engine {
     /// batches.
     async fn check_imported(&self) -> Result<()> {
         let mut cursor: Option<Vec<u8>> = None;
+        let mut limit = MIN_BATCH;
         loop {
-            let (rows, next) = self.rows_after(cursor.as_deref()).await?;
+            let (rows, next) = self.rows_after(cursor.as_deref(), &mut limit).await?;
             let mut needs: Vec<(Key, String)> = Vec::new();
             let mut groups = Vec::new();
             let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();

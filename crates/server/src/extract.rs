@@ -591,30 +591,6 @@ impl FromRequestParts<AppState> for ClientAddr {
     }
 }
 
-/// A media type without its parameters, in lower case: `text/plain` of
-/// `Text/Plain; charset=utf-8`.
-pub fn media_essence(content_type: &str) -> String {
-    content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase()
-}
-
-/// Whether an essence (see [`media_essence`]) is a media type's form,
-/// `type/subtype`, each a token (RFC 9110, 8.3.1).
-pub fn is_media_type(essence: &str) -> bool {
-    let token = |t: &str| {
-        !t.is_empty()
-            && t.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-    };
-    essence
-        .split_once('/')
-        .is_some_and(|(t, sub)| token(t) && token(sub))
-}
-
 /// A JSON request body: `application/json` (or no `Content-Type` at all,
 /// as a client that forgot the header sends it, unless a browser says
 /// another site sent it), at most the configured size, refused before it
@@ -637,7 +613,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
                 .get("sec-fetch-site")
                 .is_none_or(|v| matches!(v.as_bytes(), b"same-origin" | b"none")),
             Some(ct) => matches!(
-                media_essence(ct.to_str().unwrap_or("")).as_str(),
+                tarn_engine::media_essence(ct.to_str().unwrap_or("")).as_str(),
                 "application/json" | "application/merge-patch+json"
             ),
         };

@@ -37,31 +37,44 @@ enum Command {
     Bench(BenchArgs),
     /// Write every user, group, membership, item, link, body and index
     /// declaration as NDJSON (to stdout, or --out).
-    Export(MoveArgs),
+    Export(ExportArgs),
     /// Read an export (from stdin, or --in) into an empty store; index rows
     /// are rebuilt.
-    Import(MoveArgs),
+    Import(ImportArgs),
     /// Print the HTTP API's OpenAPI document (what the server serves at
     /// /api/v1/openapi.json), without a server; clients/typescript is
     /// generated from it.
     Openapi,
 }
 
+/// The store an export reads or an import writes.
 #[derive(Args)]
-struct MoveArgs {
+struct MoveStore {
     /// The embedded store's directory (the server must be stopped).
     #[arg(long, env = "TARN_DATA", default_value = "./tarn-data")]
     data: PathBuf,
     /// Another store instead of the embedded one (postgres://…).
     #[arg(long, env = "TARN_STORE")]
     store: Option<String>,
-    /// Export: the file to write [default: stdout].
+}
+
+#[derive(Args)]
+struct ExportArgs {
+    #[command(flatten)]
+    at: MoveStore,
+    /// The file to write [default: stdout].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Import: the file to read [default: stdin].
+}
+
+#[derive(Args)]
+struct ImportArgs {
+    #[command(flatten)]
+    at: MoveStore,
+    /// The file to read [default: stdin].
     #[arg(long = "in")]
     input: Option<PathBuf>,
-    /// Import: take a file without the end record (an export made before
+    /// Take a file without the end record (an export made before
     /// 2026-11-25); a file cut short then goes unnoticed.
     #[arg(long)]
     no_end_record: bool,
@@ -603,18 +616,23 @@ async fn admin(args: AdminArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn export(args: MoveArgs) -> anyhow::Result<()> {
+async fn export(args: ExportArgs) -> anyhow::Result<()> {
     use std::io::Write;
     // Opening an embedded store creates it: a mistyped directory would
     // export an empty store and look like a backup.
-    let embedded = match args.store.as_deref() {
-        None => Some(args.data.as_path()),
+    let embedded = match args.at.store.as_deref() {
+        None => Some(args.at.data.as_path()),
         Some(url) => url.strip_prefix("sqlite://").map(Path::new),
     };
     if let Some(dir) = embedded.filter(|d| !SqliteStore::exists(d)) {
         bail!("{} holds no Tarn store: nothing to export", dir.display());
     }
-    let store = open_store(args.store.as_deref(), &args.data, sqlite_options(true)).await?;
+    let store = open_store(
+        args.at.store.as_deref(),
+        &args.at.data,
+        sqlite_options(true),
+    )
+    .await?;
     let engine = Engine::new(store, EngineConfig::default());
     if engine.import_unfinished().await? {
         bail!("{PARTIAL}");
@@ -639,17 +657,28 @@ async fn export(args: MoveArgs) -> anyhow::Result<()> {
 /// What a store left by a failed import is told to be.
 const PARTIAL: &str = "the store holds an import that did not finish: empty it (the embedded store: remove its directory) and import again";
 
-async fn import(args: MoveArgs) -> anyhow::Result<()> {
-    use std::io::BufRead;
-    let store = open_store(args.store.as_deref(), &args.data, sqlite_options(true)).await?;
+/// The longest line an import reads: far past any record an export writes
+/// (a chunk of a body is 256 KiB, base64 a third more; an item's
+/// properties 64 KiB, six times that escaped), so memory stays bounded
+/// whatever a file holds.
+const MAX_LINE: usize = 16 << 20;
+
+async fn import(args: ImportArgs) -> anyhow::Result<()> {
+    use std::io::{BufRead, Read};
+    let store = open_store(
+        args.at.store.as_deref(),
+        &args.at.data,
+        sqlite_options(true),
+    )
+    .await?;
     let engine = Engine::new(store, EngineConfig::default());
     if engine.import_unfinished().await? {
         bail!("{PARTIAL}");
     }
     if !engine.is_empty().await? {
-        bail!("the target store already holds users, groups or items: import into an empty one");
+        bail!("the target store already holds users, groups, items or index declarations: import into an empty one");
     }
-    let input: Box<dyn BufRead> = match &args.input {
+    let mut input: Box<dyn BufRead> = match &args.input {
         Some(p) => Box::new(std::io::BufReader::new(
             std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?,
         )),
@@ -659,25 +688,54 @@ async fn import(args: MoveArgs) -> anyhow::Result<()> {
     if args.no_end_record {
         importer = importer.without_end_record();
     }
-    let failed = |at: String| {
-        format!("{at}; the store now holds part of the file, so empty it (the embedded store: remove its directory) before importing again")
+    // Until the importer writes, the store holds nothing of the file.
+    let failed = |at: String, wrote: bool| {
+        if wrote {
+            format!("{at}; the store now holds part of the file, so empty it (the embedded store: remove its directory) before importing again")
+        } else {
+            format!("{at}; nothing was written")
+        }
     };
-    for (n, line) in input.lines().enumerate() {
-        let line = line?;
+    let mut buf = Vec::new();
+    for n in 1.. {
+        buf.clear();
+        let read = (&mut input)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .with_context(|| failed(format!("line {n}: cannot read"), importer.wrote()))?;
+        if read == 0 {
+            break;
+        }
+        if buf.len() > MAX_LINE {
+            bail!(failed(
+                format!("line {n} is longer than {MAX_LINE} bytes: no record of tarn export is"),
+                importer.wrote()
+            ));
+        }
+        let line = std::str::from_utf8(&buf).map_err(|e| {
+            anyhow::anyhow!(failed(
+                format!("line {n}: not UTF-8 ({e})"),
+                importer.wrote()
+            ))
+        })?;
         if line.trim().is_empty() {
             continue;
         }
-        let record: tarn_engine::Record = serde_json::from_str(&line)
-            .with_context(|| failed(format!("line {}: not a record of tarn export", n + 1)))?;
-        importer
-            .add(record)
-            .await
-            .with_context(|| failed(format!("line {}", n + 1)))?;
+        let record: tarn_engine::Record = serde_json::from_str(line).with_context(|| {
+            failed(
+                format!("line {n}: not a record of tarn export"),
+                importer.wrote(),
+            )
+        })?;
+        if let Err(e) = importer.add(record).await {
+            let wrote = importer.wrote();
+            return Err(anyhow::Error::new(e).context(failed(format!("line {n}"), wrote)));
+        }
     }
     let moved = importer
         .finish()
         .await
-        .with_context(|| failed("the file does not hold together".into()))?;
+        .with_context(|| failed("the file does not hold together".into(), true))?;
     eprintln!("imported {}", serde_json::to_string(&moved.records)?);
     Ok(())
 }

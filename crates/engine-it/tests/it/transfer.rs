@@ -744,3 +744,160 @@ async fn declarations_keep_the_encodings_of_their_rows() {
         }
     }
 }
+
+/// The lines of an export of `e`.
+async fn exported(e: &Engine) -> Vec<String> {
+    let mut lines = Vec::new();
+    e.export(|r| {
+        lines.push(serde_json::to_string(r).unwrap());
+        Ok(())
+    })
+    .await
+    .unwrap();
+    lines
+}
+
+/// `lines` with the record at `at` changed by `f` (as JSON).
+fn edited(lines: &[String], at: usize, f: impl Fn(&mut serde_json::Value)) -> Vec<String> {
+    let mut l = lines.to_vec();
+    let mut v: serde_json::Value = serde_json::from_str(&l[at]).unwrap();
+    f(&mut v);
+    l[at] = v.to_string();
+    l
+}
+
+/// `lines` with `extra` before the end record, and counted there.
+fn with_record(lines: &[String], extra: &str) -> Vec<String> {
+    let mut l = lines.to_vec();
+    let kind = serde_json::from_str::<serde_json::Value>(extra).unwrap()["type"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut end: serde_json::Value = serde_json::from_str(l.last().unwrap()).unwrap();
+    let n = end["records"][&kind].as_u64().unwrap_or(0);
+    end["records"][&kind] = (n + 1).into();
+    *l.last_mut().unwrap() = end.to_string();
+    l.insert(l.len() - 1, extra.to_string());
+    l
+}
+
+/// Ids of the hits of `q` in `doc` for an anonymous caller (the body's
+/// item is shared with everyone).
+async fn hits(e: &Engine, q: &str) -> Vec<String> {
+    e.search(
+        &Caller::Anonymous,
+        &SearchQuery {
+            q: q.into(),
+            kind: Some("doc".into()),
+            ..SearchQuery::default()
+        },
+    )
+    .await
+    .unwrap()
+    .hits
+    .into_iter()
+    .map(|h| h.item.item.id)
+    .collect()
+}
+
+/// An import takes nothing the API would refuse, and rebuilds what it
+/// derives. A body's words come from its bytes, not from the file: a word
+/// list naming a word the body lacks made its item a hit for that word,
+/// and an empty one hid the body's words. Properties of users and groups
+/// keep the API's limits; a body's `Content-Type` is a media type; no
+/// item was modified before it was created; a membership or a link comes
+/// once (a second was taken and dropped). A store holding only index
+/// declarations is no import's target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_take_nothing_the_api_would_refuse() {
+    let source = common::memory();
+    let (ids, _, _) = fill(&source).await;
+    let lines = exported(&source).await;
+    let body_item = lines
+        .iter()
+        .position(|l| l.contains("\"type\":\"item\"") && l.contains("\"words\""))
+        .unwrap();
+    for words in [json!([["zebraword", 3]]), json!([])] {
+        let forged = edited(&lines, body_item, |v| {
+            v["item"]["body"]["words"] = words.clone()
+        });
+        let e = common::memory();
+        let mut imp = e.importer();
+        for l in &forged {
+            imp.add(serde_json::from_str(l).unwrap()).await.unwrap();
+        }
+        imp.finish().await.unwrap();
+        assert!(hits(&e, "zebraword").await.is_empty(), "{words}");
+        assert_eq!(hits(&e, "slowly").await, vec![ids[2].clone()], "{words}");
+    }
+    let refused = |l: Vec<String>, why: &'static str| async move {
+        let (failed, _) = import_lines(&l).await;
+        assert!(failed.is_some(), "{why}: imported");
+    };
+    let big = "x".repeat(70 * 1024);
+    let mut deep = json!(1);
+    for _ in 0..70 {
+        deep = json!({ "d": deep });
+    }
+    let first = |what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(&format!("\"type\":\"{what}\"")))
+            .unwrap()
+    };
+    let (user, group, member, link) = (
+        first("user"),
+        first("group"),
+        first("member"),
+        first("link"),
+    );
+    refused(
+        edited(&lines, user, |v| {
+            v["user"]["properties"] = json!({ "big": big })
+        }),
+        "user properties over 64 KiB",
+    )
+    .await;
+    refused(
+        edited(&lines, user, |v| {
+            v["user"]["properties"] = json!({ "deep": deep })
+        }),
+        "user properties 70 levels deep",
+    )
+    .await;
+    refused(
+        edited(&lines, group, |v| {
+            v["group"]["properties"] = json!({ "big": big })
+        }),
+        "group properties over 64 KiB",
+    )
+    .await;
+    refused(
+        edited(&lines, body_item, |v| {
+            v["item"]["body"]["contentType"] = json!("not a content type")
+        }),
+        "a Content-Type that is no media type",
+    )
+    .await;
+    refused(
+        edited(&lines, body_item, |v| v["item"]["modifiedAt"] = json!(1)),
+        "modified before it was created",
+    )
+    .await;
+    refused(with_record(&lines, &lines[member]), "a membership twice").await;
+    refused(with_record(&lines, &lines[link]), "a link twice").await;
+    let e = common::memory();
+    e.declare_index(
+        &admin(),
+        "other",
+        "misc",
+        vec![],
+        vec![SortField {
+            field: "x".into(),
+            order: Order::Asc,
+        }],
+    )
+    .await
+    .unwrap();
+    assert!(!e.is_empty().await.unwrap(), "a declaration is something");
+}

@@ -15,7 +15,7 @@ use crate::error::{
     PreconditionFailed, RangeNotSatisfiable, ServiceUnavailable, Unauthorized,
     UnsupportedMediaType,
 };
-use crate::extract::{is_media_type, media_essence, Auth, BodyPieces, IfMatch, LinkKey, Path};
+use crate::extract::{Auth, BodyPieces, IfMatch, LinkKey, Path};
 use crate::json::{self, Bytes};
 use crate::routes::items::{item_response, ItemPath};
 use crate::AppState;
@@ -60,7 +60,7 @@ pub async fn put(
     if content_type.is_empty() {
         return Err(ApiError::invalid("a body upload needs a Content-Type"));
     }
-    if !is_media_type(&media_essence(&content_type)) {
+    if !tarn_engine::is_media_type(&content_type) {
         return Err(ApiError::invalid(
             "Content-Type is a media type, type/subtype (such as text/plain)",
         ));
@@ -291,7 +291,7 @@ pub async fn get(
 /// and plain text. HTML, SVG, XML, scripts and anything unknown are served
 /// as attachments.
 fn displays_inline(content_type: &str) -> bool {
-    let essence = crate::extract::media_essence(content_type);
+    let essence = tarn_engine::media_essence(content_type);
     matches!(
         essence.as_str(),
         "text/plain"

@@ -569,6 +569,65 @@ fn export_and_import_move_a_data_directory() {
     let _ = child.wait();
 }
 
+/// An import reads a line at most 16 MiB long (memory grew with the
+/// longest line, 450 MB for one of 200 MB), says which line is not UTF-8,
+/// and says when it failed before writing anything (it said the store held
+/// part of the file); a store holding only an index declaration is no
+/// import's target (its import failed halfway, "too many concurrent
+/// changes", and left the store refused by everything).
+#[test]
+fn imports_refuse_long_lines_bad_text_and_stores_with_declarations() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("in.ndjson");
+    let import = |data: &Path| {
+        let out = Command::new(TARN)
+            .args(["import", "--data"])
+            .arg(data)
+            .arg("--in")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let mut long = b"{\"type\":\"user\",\"x\":\"".to_vec();
+    long.resize(17 << 20, b'x');
+    long.extend_from_slice(b"\"}\n");
+    std::fs::write(&file, &long).unwrap();
+    let fresh = dir.path().join("fresh");
+    let said = import(&fresh);
+    assert!(said.contains("line 1 is longer than"), "{said}");
+    assert!(said.contains("nothing was written"), "{said}");
+    std::fs::write(&file, b"\n{\"type\":\"user\",\"x\":\"\xff\"}\n").unwrap();
+    let said = import(&fresh);
+    assert!(said.contains("line 2: not UTF-8"), "{said}");
+    // Nothing was written: the store takes an import.
+    std::fs::write(&file, b"{\"type\":\"end\",\"records\":{}}\n").unwrap();
+    let out = Command::new(TARN)
+        .args(["import", "--data"])
+        .arg(&fresh)
+        .arg("--in")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let declared = dir.path().join("declared");
+    let out = Command::new(TARN)
+        .args(["admin", "--data"])
+        .arg(&declared)
+        .args(["declare-index", "by-x", "--kind", "misc", "--sort", "x"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let said = import(&declared);
+    assert!(said.contains("index declarations"), "{said}");
+    assert!(!said.contains("did not finish"), "{said}");
+}
+
 /// Requests no handler sees, refused by hyper itself (a request target
 /// over its 65,534 bytes, over 100 headers, a broken header line), are
 /// answered with problem JSON like every other error: hyper's own answers
