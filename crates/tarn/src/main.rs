@@ -558,6 +558,9 @@ fn parse_sort(fields: &[String]) -> Vec<SortField> {
 async fn admin(args: AdminArgs) -> anyhow::Result<()> {
     let store = open_store(None, &args.data, sqlite_options(false)).await?;
     let engine = Engine::new(store, EngineConfig::default());
+    if engine.import_unfinished().await? {
+        bail!("{PARTIAL}");
+    }
     let admin = Caller::User {
         username: "admin".into(),
         admin: true,
@@ -618,6 +621,7 @@ async fn admin(args: AdminArgs) -> anyhow::Result<()> {
 
 async fn export(args: ExportArgs) -> anyhow::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     // Opening an embedded store creates it: a mistyped directory would
     // export an empty store and look like a backup.
     let embedded = match args.at.store.as_deref() {
@@ -639,7 +643,14 @@ async fn export(args: ExportArgs) -> anyhow::Result<()> {
     }
     let mut out: Box<dyn Write> = match &args.out {
         Some(p) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+            // Readable by its owner alone: it holds every password hash.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(p)
+                .with_context(|| format!("cannot create {}", p.display()))?,
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };

@@ -451,6 +451,12 @@ fn export_and_import_move_a_data_directory() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds no Tarn store"));
     assert!(!missing.exists());
+    // It holds every password hash: its owner's alone (it was 0644).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(text.lines().next().unwrap().contains("\"type\":\"index\""));
     assert!(text.contains("\"username\":\"dora\""));
@@ -511,6 +517,22 @@ fn export_and_import_move_a_data_directory() {
     let out = Command::new(TARN)
         .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(partial.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("did not finish"));
+    // Nor administered (a user made there would be served once it was
+    // emptied and imported again, or not at all).
+    let out = Command::new(TARN)
+        .args(["admin", "--data"])
+        .arg(partial.path())
+        .args([
+            "create-user",
+            "--username",
+            "eve",
+            "--password",
+            "eve-password",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
