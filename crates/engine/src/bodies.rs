@@ -338,13 +338,7 @@ impl BodyUpload {
             self.rest(began, true).await;
             drop(slot);
         }
-        let (words, word_count) = match self.text.take() {
-            Some(t) => {
-                let cut = self.size > t.len() as u64;
-                crate::text::word_counts(&indexed_text(t, cut), crate::search::BODY_WORDS)
-            }
-            None => (Vec::new(), 0),
-        };
+        let (words, word_count) = body_words(self.text.take(), self.size);
         let meta = BodyMeta {
             size: self.size,
             content_type: self.content_type.clone(),
@@ -479,15 +473,10 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A textual body as its text index reads it: its first
-/// [`crate::search::BODY_TEXT`] bytes, and when the body goes on past
-/// them (`cut`), without their last word segment (Unicode's word bounds,
-/// so in any script), so that a word the cut split is not indexed as the
-/// fragment it left.
 /// Refuses a body's `Content-Type` that is not a media type of at most
 /// 255 bytes: `type/subtype`, each a token (RFC 9110, 8.3.1), parameters
 /// after a `;` as they come.
-pub(crate) fn check_content_type(content_type: &str) -> Result<()> {
+pub fn check_content_type(content_type: &str) -> Result<()> {
     if content_type.is_empty() || content_type.len() > 255 {
         return Err(EngineError::InvalidInput(
             "a body needs a Content-Type of at most 255 bytes".into(),
@@ -514,7 +503,7 @@ pub fn media_essence(content_type: &str) -> String {
 
 /// Whether a content type's essence is a media type's form,
 /// `type/subtype`, each a token (RFC 9110, 8.3.1).
-pub fn is_media_type(content_type: &str) -> bool {
+fn is_media_type(content_type: &str) -> bool {
     let token = |t: &str| {
         !t.is_empty()
             && t.bytes()
@@ -525,9 +514,24 @@ pub fn is_media_type(content_type: &str) -> bool {
         .is_some_and(|(t, sub)| token(t) && token(sub))
 }
 
-/// The part of a textual body's first bytes whose words are indexed: up to
-/// its last whole word when the body goes on past them (`cut`).
-pub(crate) fn indexed_text(text: Vec<u8>, cut: bool) -> String {
+/// A body's most used words and its indexed word count, from `text`, its
+/// first bytes if it is textual (`None` if not), and its `size`.
+pub(crate) fn body_words(text: Option<Vec<u8>>, size: u64) -> (Vec<(String, u32)>, u32) {
+    match text {
+        Some(t) => {
+            let cut = size > t.len() as u64;
+            crate::text::word_counts(&indexed_text(t, cut), crate::search::BODY_WORDS)
+        }
+        None => (Vec::new(), 0),
+    }
+}
+
+/// A textual body as its text index reads it: its first
+/// [`crate::search::BODY_TEXT`] bytes, and when the body goes on past
+/// them (`cut`), without their last word segment (Unicode's word bounds,
+/// so in any script), so that a word the cut split is not indexed as the
+/// fragment it left.
+fn indexed_text(text: Vec<u8>, cut: bool) -> String {
     use unicode_segmentation::UnicodeSegmentation;
     let mut text = String::from_utf8_lossy(&text).into_owned();
     if cut {

@@ -700,27 +700,20 @@ impl Engine {
                 })
                 .await;
         };
-        let page = self.pull_page(caller, key, since, kind, limit).await?;
+        let page = self
+            .pull_page(caller, key, since.clone(), kind, limit)
+            .await?;
         // On a store whose feed is readable only some time after a write
-        // (Cassandra), a page that reached the readable end waits that long
-        // and reads on: it then holds every change committed before it was
-        // asked, on any node. A full page (of changes further back) is
-        // answered at once.
+        // (Cassandra), a page that reached the readable end is read again
+        // once that time has passed: it then holds every change committed
+        // before it was asked, on any node. A full page (of changes further
+        // back) is answered at once.
         let lag = self.store().feed_lag();
         if lag.is_zero() || !page.reached_end {
             return Ok(page.page);
         }
         tokio::time::sleep(lag).await;
-        let mut first = page.page;
-        let since = decode_cursor(key, &first.next)?;
-        let rest = self
-            .pull_page(caller, key, since, kind, limit - first.changes.len())
-            .await?
-            .page;
-        first.changes.extend(rest.changes);
-        first.next = rest.next;
-        first.resync |= rest.resync;
-        Ok(first)
+        Ok(self.pull_page(caller, key, since, kind, limit).await?.page)
     }
 
     /// One read of [`Engine::changes`] from `since`: at most `limit`

@@ -168,10 +168,6 @@ const BACKFILL_BATCH: usize = 512;
 const BACKFILL_IN_FLIGHT: usize = 128;
 /// Most index declarations kept.
 pub(crate) const MAX_INDEXES: usize = 1000;
-/// How long a declaration waits for its index's build before it answers
-/// `building`: an index over a kind of few items (a new application's)
-/// answers `ready`, and the next request may use it at once, on any store.
-const BUILD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub(crate) fn builtins() -> Vec<IndexDef> {
     let by_modified = vec![SortField {
@@ -725,7 +721,10 @@ impl Engine {
             return Ok((def, created));
         };
         // The build goes on in the background if it takes longer.
-        if tokio::time::timeout(BUILD_WAIT, build).await.is_err() {
+        if tokio::time::timeout(self.config().build_wait, build)
+            .await
+            .is_err()
+        {
             return Ok((def, created));
         }
         // The declaration is made: a failure to read its state now answers

@@ -43,7 +43,7 @@ use std::time::Duration;
 
 use tarn_store::{Batch, Key, Snapshot, SnapshotExt, Store, StoreError};
 
-pub use bodies::{is_media_type, media_essence, BodyRange, BodyReader, BodyUpload};
+pub use bodies::{check_content_type, media_essence, BodyRange, BodyReader, BodyUpload};
 pub use changes::{Change, ChangeOp, ChangePage, Event, Subscription, POLL};
 pub use error::{EngineError, Result};
 pub use groups::MemberPage;
@@ -153,6 +153,11 @@ pub struct EngineConfig {
     /// one that has not changed for six of these is taken to be a stopped
     /// node's, and its work is taken up.
     pub index_beat: Duration,
+    /// How long a declaration waits for its index's build before it
+    /// answers `building`: an index over a kind of few items (a new
+    /// application's) answers `ready`, and the next request may use it at
+    /// once, on any node.
+    pub build_wait: Duration,
     /// How long a group nesting written but not yet checked (see
     /// `groups`) may hold up other nesting changes: one older than this
     /// is taken to be a stopped node's, and removed. Keep it longer than
@@ -186,6 +191,7 @@ impl Default for EngineConfig {
             sweep_every: Duration::from_secs(60),
             feed_retention: Duration::from_secs(7 * 24 * 3600),
             index_beat: Duration::from_secs(5),
+            build_wait: Duration::from_secs(2),
             nesting_timeout: Duration::from_secs(60),
             max_streams: 10_000,
             max_streams_per_user: 16,

@@ -204,12 +204,7 @@ pub struct SearchPage {
 
 /// Whether a content type is text a `$body` field indexes.
 pub fn is_textual(content_type: &str) -> bool {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = crate::bodies::media_essence(content_type);
     essence.starts_with("text/")
         || essence == "application/json"
         || essence == "application/xml"

@@ -289,6 +289,7 @@ impl Engine {
             moved: Moved::default(),
             end: None,
             need_end: true,
+            marked: false,
         }
     }
 
@@ -337,16 +338,7 @@ impl BodyCheck {
                 item.id, self.got, self.size, self.sha256
             )));
         }
-        let (words, word_count) = match self.text {
-            Some(t) => {
-                let cut = self.size > t.len() as u64;
-                crate::text::word_counts(
-                    &crate::bodies::indexed_text(t, cut),
-                    crate::search::BODY_WORDS,
-                )
-            }
-            None => (Vec::new(), 0),
-        };
+        let (words, word_count) = crate::bodies::body_words(self.text, self.size);
         if let Some(body) = &mut item.body {
             body.words = words;
             body.word_count = word_count;
@@ -370,6 +362,8 @@ pub struct Importer {
     end: Option<BTreeMap<String, u64>>,
     /// Whether a file without the end record is refused.
     need_end: bool,
+    /// Whether the mark of an import under way is written.
+    marked: bool,
 }
 
 impl Importer {
@@ -384,7 +378,7 @@ impl Importer {
     /// record that is no index declaration on): before, a failure leaves
     /// the store as it was.
     pub fn wrote(&self) -> bool {
-        self.defs.is_some()
+        self.marked
     }
 
     /// Adds one record.
@@ -429,6 +423,12 @@ impl Importer {
             if !ties || !codes {
                 return Err(EngineError::InvalidInput(format!(
                     "index {}: ties or impact codes no declaration makes",
+                    index.name
+                )));
+            }
+            if self.declared.iter().any(|d| d.name == index.name) {
+                return Err(EngineError::InvalidInput(format!(
+                    "index {} comes twice",
                     index.name
                 )));
             }
@@ -646,6 +646,10 @@ impl Importer {
             return Ok(());
         };
         let item = body.end()?;
+        // Its record noted the key in an earlier batch if the body's
+        // chunks filled one: noted again, so that a record of the same id
+        // right after it is refused before this batch is written.
+        self.fresh.insert(schema::item_key(&item.id));
         let defs = self.defs.as_ref().expect("declared before any item");
         put_item(&mut self.batch, defs, &item, self.engine.split());
         Ok(())
@@ -690,15 +694,9 @@ impl Importer {
         engine
             .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
             .await?;
+        self.marked = true;
         let mut b = Batch::new();
-        let mut names = BTreeSet::new();
         for d in &self.declared {
-            if !names.insert(d.name.as_str()) {
-                return Err(EngineError::InvalidInput(format!(
-                    "index {} comes twice",
-                    d.name
-                )));
-            }
             let mut d = d.clone();
             d.state = IndexState::Ready;
             d.uid = b64(&crate::random_bytes::<9>());

@@ -621,7 +621,7 @@ async fn admin(args: AdminArgs) -> anyhow::Result<()> {
 
 async fn export(args: ExportArgs) -> anyhow::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     // Opening an embedded store creates it: a mistyped directory would
     // export an empty store and look like a backup.
     let embedded = match args.at.store.as_deref() {
@@ -643,14 +643,20 @@ async fn export(args: ExportArgs) -> anyhow::Result<()> {
     }
     let mut out: Box<dyn Write> = match &args.out {
         Some(p) => Box::new(std::io::BufWriter::new(
-            // Readable by its owner alone: it holds every password hash.
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(p)
-                .with_context(|| format!("cannot create {}", p.display()))?,
+            // Readable by its owner alone: it holds every password hash
+            // (a file that was there keeps no wider mode either).
+            {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(p)
+                    .with_context(|| format!("cannot create {}", p.display()))?;
+                f.set_permissions(std::fs::Permissions::from_mode(0o600))
+                    .with_context(|| format!("cannot make {} private", p.display()))?;
+                f
+            },
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
@@ -687,7 +693,7 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         bail!("{PARTIAL}");
     }
     if !engine.is_empty().await? {
-        bail!("the target store already holds users, groups, items or index declarations: import into an empty one");
+        bail!("the target store holds users, groups or items, or has held index declarations: import into an empty one");
     }
     let mut input: Box<dyn BufRead> = match &args.input {
         Some(p) => Box::new(std::io::BufReader::new(
@@ -708,16 +714,16 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         }
     };
     let mut buf = Vec::new();
-    for n in 1.. {
+    for n in 1u64.. {
         buf.clear();
         let read = (&mut input)
-            .take(MAX_LINE as u64 + 1)
+            .take(MAX_LINE as u64 + 2)
             .read_until(b'\n', &mut buf)
             .with_context(|| failed(format!("line {n}: cannot read"), importer.wrote()))?;
         if read == 0 {
             break;
         }
-        if buf.len() > MAX_LINE {
+        if buf.len() - usize::from(buf.ends_with(b"\n")) > MAX_LINE {
             bail!(failed(
                 format!("line {n} is longer than {MAX_LINE} bytes: no record of tarn export is"),
                 importer.wrote()

@@ -562,15 +562,6 @@ async fn imports_refuse_files_that_do_not_hold_together() {
             "Argon2id",
         ),
         (
-            "an index declared twice",
-            {
-                let mut l = lines.clone();
-                l.insert(1, l[0].clone());
-                l
-            },
-            "twice",
-        ),
-        (
             "the end record missing",
             lines[..last].to_vec(),
             "cut short",
@@ -613,6 +604,16 @@ async fn imports_refuse_files_that_do_not_hold_together() {
         failed
             .as_deref()
             .is_some_and(|f| f.contains("at least one field")),
+        "{failed:?}"
+    );
+    assert!(!unfinished, "nothing written");
+    // So is an index declared twice (it was refused after the store was
+    // marked, and the command line said nothing was written).
+    let mut twice = lines.clone();
+    twice.insert(1, twice[0].clone());
+    let (failed, unfinished) = import_lines(&twice).await;
+    assert!(
+        failed.as_deref().is_some_and(|f| f.contains("twice")),
         "{failed:?}"
     );
     assert!(!unfinished, "nothing written");
@@ -830,9 +831,10 @@ async fn imports_take_nothing_the_api_would_refuse() {
         assert!(hits(&e, "zebraword").await.is_empty(), "{words}");
         assert_eq!(hits(&e, "slowly").await, vec![ids[2].clone()], "{words}");
     }
-    let refused = |l: Vec<String>, why: &'static str| async move {
+    let refused = |l: Vec<String>, why: &'static str, says: &'static str| async move {
         let (failed, _) = import_lines(&l).await;
-        assert!(failed.is_some(), "{why}: imported");
+        let failed = failed.unwrap_or_else(|| panic!("{why}: imported"));
+        assert!(failed.contains(says), "{why}: {failed}");
     };
     let big = "x".repeat(70 * 1024);
     let mut deep = json!(1);
@@ -856,6 +858,7 @@ async fn imports_take_nothing_the_api_would_refuse() {
             v["user"]["properties"] = json!({ "big": big })
         }),
         "user properties over 64 KiB",
+        "properties",
     )
     .await;
     refused(
@@ -863,6 +866,7 @@ async fn imports_take_nothing_the_api_would_refuse() {
             v["user"]["properties"] = json!({ "deep": deep })
         }),
         "user properties 70 levels deep",
+        "levels deep",
     )
     .await;
     refused(
@@ -870,6 +874,7 @@ async fn imports_take_nothing_the_api_would_refuse() {
             v["group"]["properties"] = json!({ "big": big })
         }),
         "group properties over 64 KiB",
+        "properties",
     )
     .await;
     refused(
@@ -877,15 +882,57 @@ async fn imports_take_nothing_the_api_would_refuse() {
             v["item"]["body"]["contentType"] = json!("not a content type")
         }),
         "a Content-Type that is no media type",
+        "media type",
     )
     .await;
     refused(
         edited(&lines, body_item, |v| v["item"]["modifiedAt"] = json!(1)),
         "modified before it was created",
+        "modified before",
     )
     .await;
-    refused(with_record(&lines, &lines[member]), "a membership twice").await;
-    refused(with_record(&lines, &lines[link]), "a link twice").await;
+    refused(
+        with_record(&lines, &lines[member]),
+        "a membership twice",
+        "twice",
+    )
+    .await;
+    refused(with_record(&lines, &lines[link]), "a link twice", "twice").await;
+    // An item whose body's chunks filled a write of their own, then an item
+    // of the same id: refused (both were written, the first one's index
+    // rows left behind).
+    let big = common::memory();
+    let ann = sign_up(&big, "ann").await;
+    let id = big
+        .create_item(&ann, "doc", props(json!({"title": "big"})), vec![])
+        .await
+        .unwrap()
+        .item
+        .id;
+    let mut up = big
+        .begin_body(&ann, &id, None, "text/plain", None)
+        .await
+        .unwrap();
+    up.write(&b"tea ".repeat(800_000)).await.unwrap();
+    up.finish(None).await.unwrap();
+    let big_lines = exported(&big).await;
+    let item = big_lines
+        .iter()
+        .position(|l| l.contains("\"type\":\"item\""))
+        .unwrap();
+    let last_chunk = big_lines
+        .iter()
+        .rposition(|l| l.contains("\"type\":\"chunk\""))
+        .unwrap();
+    assert!(last_chunk > item + 8, "a body of more than 2 MiB of chunks");
+    let again = edited(&big_lines, item, |v| v["item"]["body"] = json!(null))[item].clone();
+    let mut twice = big_lines.clone();
+    twice.insert(last_chunk + 1, again);
+    let end = twice.len() - 1;
+    let twice = edited(&twice, end, |v| {
+        v["records"]["item"] = (v["records"]["item"].as_u64().unwrap() + 1).into()
+    });
+    refused(twice, "an item twice, a big body between", "twice").await;
     let e = common::memory();
     e.declare_index(
         &admin(),

@@ -57,14 +57,8 @@ pub async fn put(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
-    if content_type.is_empty() {
-        return Err(ApiError::invalid("a body upload needs a Content-Type"));
-    }
-    if !tarn_engine::is_media_type(&content_type) {
-        return Err(ApiError::invalid(
-            "Content-Type is a media type, type/subtype (such as text/plain)",
-        ));
-    }
+    // Before the body is read (the engine checks it as well).
+    tarn_engine::check_content_type(&content_type)?;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)

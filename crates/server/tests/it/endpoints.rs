@@ -1113,11 +1113,12 @@ async fn index_building_answers_503() {
     let store = std::sync::Arc::new(tarn_store::conformance::HoldWrites::after_first(
         "index_defs",
     ));
-    let state = tarn_server::AppState::new(
-        store,
-        crate::support::engine_config(),
-        ServerConfig::default(),
-    );
+    // The declaration waits that long for a build that never ends.
+    let config = tarn_engine::EngineConfig {
+        build_wait: std::time::Duration::from_millis(100),
+        ..crate::support::engine_config()
+    };
+    let state = tarn_server::AppState::new(store, config, ServerConfig::default());
     let app = TestApp::of(state);
     let admin = app.admin().await;
     app.call(

@@ -69,6 +69,9 @@ pub fn engine_config() -> EngineConfig {
     EngineConfig {
         password_cost: PasswordCost::for_tests(),
         clock: Clock::Stepping(Arc::new(AtomicI64::new(1_700_000_000_000_000))),
+        // Declarations answer ready when their builds finish, however slow
+        // a shared machine is (the suite's kinds hold few items).
+        build_wait: std::time::Duration::from_secs(120),
         ..EngineConfig::default()
     }
 }
