@@ -904,26 +904,54 @@ async fn changes_on_cassandra_across_two_stores() {
     assert_eq!(ids, made);
 }
 
-/// A store whose feed is said to be readable only a second after a write
-/// (as Cassandra's), over the in-memory store.
-struct Lagging(tarn_store::memory::MemoryStore);
+/// A store whose feed shows an entry only a second after its write (as
+/// Cassandra's), on tokio's clock, over the in-memory store.
+struct Lagging {
+    inner: tarn_store::memory::MemoryStore,
+    /// When each write landed, and the feed's end after it.
+    writes: std::sync::Mutex<Vec<(tokio::time::Instant, Vec<u8>)>>,
+}
+
+const LAG: Duration = Duration::from_secs(1);
+
+fn feed() -> tarn_store::Table {
+    tarn_store::Table::named("changes").unwrap()
+}
 
 #[async_trait::async_trait]
 impl tarn_store::Store for Lagging {
     async fn snapshot(&self) -> tarn_store::StoreResult<Box<dyn tarn_store::Snapshot>> {
-        self.0.snapshot().await
+        let now = tokio::time::Instant::now();
+        let shown = self
+            .writes
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(at, _)| now.duration_since(*at) >= LAG)
+            .map(|(_, end)| end.clone());
+        Ok(Box::new(LaggingSnapshot {
+            inner: self.inner.snapshot().await?,
+            shown,
+        }))
     }
 
     async fn write(&self, batch: tarn_store::Batch) -> tarn_store::StoreResult<()> {
-        self.0.write(batch).await
+        self.inner.write(batch).await?;
+        let end = self.inner.snapshot().await?.feed_end(feed()).await?;
+        self.writes
+            .lock()
+            .unwrap()
+            .push((tokio::time::Instant::now(), end));
+        Ok(())
     }
 
     fn consistency(&self) -> tarn_store::Consistency {
-        self.0.consistency()
+        self.inner.consistency()
     }
 
     fn feed_lag(&self) -> Duration {
-        Duration::from_secs(1)
+        LAG
     }
 
     async fn trim_feed(
@@ -932,42 +960,102 @@ impl tarn_store::Store for Lagging {
         through: &[u8],
         limit: usize,
     ) -> tarn_store::StoreResult<usize> {
-        self.0.trim_feed(feed, through, limit).await
+        self.inner.trim_feed(feed, through, limit).await
+    }
+}
+
+/// A snapshot showing feed entries up to `shown` only.
+struct LaggingSnapshot {
+    inner: Box<dyn tarn_store::Snapshot>,
+    shown: Option<Vec<u8>>,
+}
+
+#[async_trait::async_trait]
+impl tarn_store::Snapshot for LaggingSnapshot {
+    async fn read(
+        &mut self,
+        gets: &[tarn_store::Key],
+        scans: &[tarn_store::Scan],
+    ) -> tarn_store::StoreResult<tarn_store::ReadResult> {
+        self.inner.read(gets, scans).await
+    }
+
+    async fn read_feed(
+        &mut self,
+        feed: tarn_store::Table,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> tarn_store::StoreResult<Vec<tarn_store::FeedEntry>> {
+        let entries = self.inner.read_feed(feed, after, limit).await?;
+        let shown = self.shown.as_deref();
+        Ok(entries
+            .into_iter()
+            .take_while(|e| shown.is_some_and(|s| e.cursor.as_slice() <= s))
+            .collect())
+    }
+
+    async fn scan_all(
+        &mut self,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> tarn_store::StoreResult<(Vec<(tarn_store::Key, tarn_store::Row)>, Option<Vec<u8>>)> {
+        self.inner.scan_all(cursor, limit).await
+    }
+
+    async fn feed_end(&mut self, feed: tarn_store::Table) -> tarn_store::StoreResult<Vec<u8>> {
+        self.inner.feed_end(feed).await
     }
 }
 
 /// On a store whose feed lags, a pull waits out the lag only when it
 /// reaches the readable end: full pages of earlier changes are answered at
 /// once (every page waited a second, so paging through history on
-/// Cassandra took a second a page), and the last page still holds every
-/// change committed before it was asked. Time here is tokio's paused clock.
+/// Cassandra took a second a page), and the last page, read again after
+/// the lag, holds the changes committed just before it was asked. Time
+/// here is tokio's paused clock.
 #[tokio::test]
 async fn full_pages_do_not_wait_for_a_lagging_feed() {
-    let e = common::engine(Arc::new(Lagging(tarn_store::memory::MemoryStore::new())));
+    let store = Arc::new(Lagging {
+        inner: tarn_store::memory::MemoryStore::new(),
+        writes: Default::default(),
+    });
+    let e = common::engine(store);
     let ann = sign_up(&e, "ann").await;
     let mut cursor = e.changes(&ann, None, None, 1).await.unwrap().next;
+    let create = |n: usize| {
+        let (e, ann) = (e.clone(), ann.clone());
+        async move {
+            e.create_item(&ann, "doc", props(json!({ "n": n })), vec![])
+                .await
+                .unwrap()
+                .item
+                .id
+        }
+    };
     let mut made = Vec::new();
     for n in 0..25 {
-        let v = e
-            .create_item(&ann, "doc", props(json!({"n": n})), vec![])
-            .await
-            .unwrap();
-        made.push(v.item.id);
+        made.push(create(n).await);
     }
     tokio::time::pause();
+    tokio::time::advance(2 * LAG).await;
     let start = tokio::time::Instant::now();
     let mut seen = Vec::new();
-    for (want, waited) in [(10, false), (10, false), (5, true)] {
-        let page = e.changes(&ann, Some(&cursor), None, 10).await.unwrap();
-        assert_eq!(page.changes.len(), want);
+    for (page, want, waited) in [(1, 10, false), (2, 10, false), (3, 8, true)] {
+        if page == 3 {
+            // Committed now: the feed shows them a second later.
+            for n in 25..28 {
+                made.push(create(n).await);
+            }
+        }
+        let got = e.changes(&ann, Some(&cursor), None, 10).await.unwrap();
+        assert_eq!(got.changes.len(), want, "page {page}");
         assert_eq!(
-            start.elapsed() >= Duration::from_secs(1),
+            start.elapsed() >= LAG,
             waited,
-            "page {} waited for the lag: {waited}",
-            seen.len() / 10 + 1
+            "page {page} waited for the lag: {waited}"
         );
-        seen.extend(page.changes.into_iter().map(|c| c.id));
-        cursor = page.next;
+        seen.extend(got.changes.into_iter().map(|c| c.id));
+        cursor = got.next;
     }
     assert_eq!(seen, made);
 }
