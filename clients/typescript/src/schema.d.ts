@@ -2989,7 +2989,11 @@ export interface operations {
     search: {
         parameters: {
             query: {
-                /** @description The words to find: at most 1024 bytes and 16 different words. */
+                /**
+                 * @description The words to find: at most 1024 bytes of UTF-8 and 16 different
+                 *     words. (`maxLength` counts characters: 1024 characters of which some
+                 *     take more than a byte are refused.)
+                 */
                 q: string;
                 /** @description The kind searched; without it, every text index without where-fields. */
                 kind?: components["schemas"]["Name"];

@@ -202,14 +202,12 @@ pub struct SearchPage {
     pub next: Option<String>,
 }
 
-/// Whether a content type is text a `$body` field indexes.
+/// Whether a content type is text a `$body` field indexes: `text/*`,
+/// `application/json` and `application/xml`, as api.md names them (an
+/// `image/svg+xml` or another `+xml` or `+json` type is not).
 pub fn is_textual(content_type: &str) -> bool {
     let essence = crate::bodies::media_essence(content_type);
-    essence.starts_with("text/")
-        || essence == "application/json"
-        || essence == "application/xml"
-        || essence.ends_with("+json")
-        || essence.ends_with("+xml")
+    essence.starts_with("text/") || essence == "application/json" || essence == "application/xml"
 }
 
 /// The first two characters of a term: the partition its rows live in.
@@ -1128,6 +1126,28 @@ fn choose(
 mod tests {
     use super::*;
     use crate::indexes::TextField;
+
+    /// The textual bodies are the types api.md names, with parameters.
+    #[test]
+    fn textual_bodies_are_the_types_the_contract_names() {
+        for t in [
+            "text/plain",
+            "text/markdown; charset=utf-8",
+            "Application/JSON",
+            "application/xml",
+        ] {
+            assert!(super::is_textual(t), "{t}");
+        }
+        for t in [
+            "image/svg+xml",
+            "application/ld+json",
+            "image/png",
+            "application/pdf",
+            "textual/x",
+        ] {
+            assert!(!super::is_textual(t), "{t}");
+        }
+    }
 
     /// Every word's term of these languages lives in a partition its first
     /// character's prefix reads.

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use rust_stemmers::{Algorithm, Stemmer};
 use unicode_normalization::char::is_combining_mark;
 use unicode_normalization::UnicodeNormalization;
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
 use unicode_segmentation::UnicodeSegmentation;
 
 /// Longest term kept, in bytes; longer words are cut (at a character
@@ -69,14 +70,20 @@ pub fn is_language(language: &str) -> bool {
     LANGUAGES.contains(&language)
 }
 
-/// Folds one word: compatibility decomposition, combining marks removed,
-/// lower case (with the two folds of full case folding that lower case
+/// Folds one word: compatibility decomposition, combining marks and
+/// invisible format characters removed (a soft hyphen, a direction mark, a
+/// zero-width joiner: Unicode's category Cf, which word segmentation keeps
+/// inside a word, so `hy\u{AD}phenate` is `hyphenate`), lower case (with the two folds of full case folding that lower case
 /// lacks: `ß` is `ss`, a final `ς` is `σ`), recomposed; cut to
 /// [`MAX_TERM`] bytes.
 pub fn fold(word: &str) -> String {
     let folded: String = word
         .nfkd()
-        .filter(|c| !is_combining_mark(*c) && !c.is_control())
+        .filter(|c| {
+            !is_combining_mark(*c)
+                && !c.is_control()
+                && c.general_category() != GeneralCategory::Format
+        })
         .flat_map(char::to_lowercase)
         .flat_map(|c| match c {
             'ß' => ['s', 's'].into_iter().take(2),
@@ -257,6 +264,16 @@ mod tests {
         assert_eq!(words("a\0b").collect::<Vec<_>>().len(), 2);
         // RTL text is words like any other.
         assert_eq!(words("שלום עולם").count(), 2);
+        // Invisible format characters inside a word (category Cf) go: a
+        // soft hyphen, direction marks and overrides, joiners.
+        assert_eq!(
+            words(
+                "hy\u{AD}phenate mark\u{200E} \u{202E}evil\u{202C} word\u{2060}joiner z\u{200D}w"
+            )
+            .collect::<Vec<_>>(),
+            vec!["hyphenate", "mark", "evil", "wordjoiner", "zw"]
+        );
+        assert_eq!(words("\u{200B}\u{FEFF}").count(), 0);
         let long = "x".repeat(500);
         assert!(fold(&long).len() <= MAX_TERM);
         let none = Analyzer::new("none");

@@ -34,7 +34,9 @@ pub enum Match {
 #[derive(IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct SearchParams {
-    /// The words to find: at most 1024 bytes and 16 different words.
+    /// The words to find: at most 1024 bytes of UTF-8 and 16 different
+    /// words. (`maxLength` counts characters: 1024 characters of which some
+    /// take more than a byte are refused.)
     #[param(min_length = 1, max_length = 1024)]
     q: String,
     /// The kind searched; without it, every text index without where-fields.

@@ -76,6 +76,18 @@ async fn search_over_http() {
         assert_eq!(count(&q, &bob).await, 1, "{typed}");
     }
     assert_eq!(count("q=b&kind=doc", &bob).await, 0, "b is no word of it");
+    // Invisible format characters inside words (a soft hyphen, a
+    // direction mark, an override) fold away, in items and in queries.
+    app.item(
+        &ann,
+        "doc",
+        json!({"title": "hy\u{AD}phenate mark\u{200E} \u{202E}evil\u{202C}"}),
+        public.clone(),
+    )
+    .await;
+    for q in ["hyphenate", "mark", "evil", "hy%C2%ADphenate"] {
+        assert_eq!(count(&format!("q={q}&kind=doc"), &bob).await, 1, "{q}");
+    }
     // One letter of another script: "б" on its way to "Бородино".
     app.item(&ann, "doc", json!({"title": "Бородино"}), json!([]))
         .await;
