@@ -376,20 +376,7 @@ async fn imports_refuse_files_that_do_not_hold_together() {
         l[i] = f(&l[i]);
         l
     };
-    // Before the end record, which is last, and counted there.
-    let appended = |extra: &str| {
-        let mut l = lines.clone();
-        let kind = serde_json::from_str::<serde_json::Value>(extra).unwrap()["type"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        let mut end: serde_json::Value = serde_json::from_str(l.last().unwrap()).unwrap();
-        let n = end["records"][&kind].as_u64().unwrap_or(0);
-        end["records"][&kind] = (n + 1).into();
-        *l.last_mut().unwrap() = end.to_string();
-        l.insert(l.len() - 1, extra.to_string());
-        l
-    };
+    let appended = |extra: &str| with_record(&lines, extra);
     let first_user = lines
         .iter()
         .position(|l| l.contains("\"type\":\"user\""))
@@ -853,51 +840,50 @@ async fn imports_take_nothing_the_api_would_refuse() {
         first("member"),
         first("link"),
     );
-    refused(
-        edited(&lines, user, |v| {
-            v["user"]["properties"] = json!({ "big": big })
-        }),
-        "user properties over 64 KiB",
-        "properties",
-    )
-    .await;
-    refused(
-        edited(&lines, user, |v| {
-            v["user"]["properties"] = json!({ "deep": deep })
-        }),
-        "user properties 70 levels deep",
-        "levels deep",
-    )
-    .await;
-    refused(
-        edited(&lines, group, |v| {
-            v["group"]["properties"] = json!({ "big": big })
-        }),
-        "group properties over 64 KiB",
-        "properties",
-    )
-    .await;
-    refused(
-        edited(&lines, body_item, |v| {
-            v["item"]["body"]["contentType"] = json!("not a content type")
-        }),
-        "a Content-Type that is no media type",
-        "media type",
-    )
-    .await;
-    refused(
-        edited(&lines, body_item, |v| v["item"]["modifiedAt"] = json!(1)),
-        "modified before it was created",
-        "modified before",
-    )
-    .await;
-    refused(
-        with_record(&lines, &lines[member]),
-        "a membership twice",
-        "twice",
-    )
-    .await;
-    refused(with_record(&lines, &lines[link]), "a link twice", "twice").await;
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        (
+            "user properties over 64 KiB",
+            edited(&lines, user, |v| {
+                v["user"]["properties"] = json!({ "big": big })
+            }),
+            "properties",
+        ),
+        (
+            "user properties 70 levels deep",
+            edited(&lines, user, |v| {
+                v["user"]["properties"] = json!({ "deep": deep })
+            }),
+            "levels deep",
+        ),
+        (
+            "group properties over 64 KiB",
+            edited(&lines, group, |v| {
+                v["group"]["properties"] = json!({ "big": big })
+            }),
+            "properties",
+        ),
+        (
+            "a Content-Type that is no media type",
+            edited(&lines, body_item, |v| {
+                v["item"]["body"]["contentType"] = json!("not a content type")
+            }),
+            "media type",
+        ),
+        (
+            "modified before it was created",
+            edited(&lines, body_item, |v| v["item"]["modifiedAt"] = json!(1)),
+            "modified before",
+        ),
+        (
+            "a membership twice",
+            with_record(&lines, &lines[member]),
+            "twice",
+        ),
+        ("a link twice", with_record(&lines, &lines[link]), "twice"),
+    ];
+    for (why, file, says) in cases {
+        refused(file, why, says).await;
+    }
     // An item whose body's chunks filled a write of their own, then an item
     // of the same id: refused (both were written, the first one's index
     // rows left behind).

@@ -601,6 +601,7 @@ fn export_and_import_move_a_data_directory() {
 fn imports_refuse_long_lines_bad_text_and_stores_with_declarations() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("in.ndjson");
+    // Whether the import of `file` into `data` succeeded, and what it said.
     let import = |data: &Path| {
         let out = Command::new(TARN)
             .args(["import", "--data"])
@@ -609,34 +610,29 @@ fn imports_refuse_long_lines_bad_text_and_stores_with_declarations() {
             .arg(&file)
             .output()
             .unwrap();
-        assert!(!out.status.success());
-        String::from_utf8_lossy(&out.stderr).into_owned()
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), said)
+    };
+    let refused = |data: &Path| {
+        let (ok, said) = import(data);
+        assert!(!ok, "imported: {said}");
+        said
     };
     let mut long = b"{\"type\":\"user\",\"x\":\"".to_vec();
     long.resize(17 << 20, b'x');
     long.extend_from_slice(b"\"}\n");
     std::fs::write(&file, &long).unwrap();
     let fresh = dir.path().join("fresh");
-    let said = import(&fresh);
+    let said = refused(&fresh);
     assert!(said.contains("line 1 is longer than"), "{said}");
     assert!(said.contains("nothing was written"), "{said}");
     std::fs::write(&file, b"\n{\"type\":\"user\",\"x\":\"\xff\"}\n").unwrap();
-    let said = import(&fresh);
+    let said = refused(&fresh);
     assert!(said.contains("line 2: not UTF-8"), "{said}");
     // Nothing was written: the store takes an import.
     std::fs::write(&file, b"{\"type\":\"end\",\"records\":{}}\n").unwrap();
-    let out = Command::new(TARN)
-        .args(["import", "--data"])
-        .arg(&fresh)
-        .arg("--in")
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, said) = import(&fresh);
+    assert!(ok, "{said}");
     let declared = dir.path().join("declared");
     let out = Command::new(TARN)
         .args(["admin", "--data"])
@@ -645,7 +641,7 @@ fn imports_refuse_long_lines_bad_text_and_stores_with_declarations() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    let said = import(&declared);
+    let said = refused(&declared);
     assert!(said.contains("index declarations"), "{said}");
     assert!(!said.contains("did not finish"), "{said}");
 }
