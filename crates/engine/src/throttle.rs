@@ -3,13 +3,15 @@
 //!
 //! Two counters, each a window of failures:
 //!
-//! - per (account, client address): past [`PAIR_FAILURES`] that address is
-//!   refused for that account until the window ends. Another address is
-//!   not affected, so nobody can lock an account's owner out by failing to
-//!   sign in as them from elsewhere.
+//! - per (account, client address): from [`PAIR_FAILURES`] on, every
+//!   sign-in of that account from that address is slowed, the right
+//!   password's too ([`sign_in_delay`]), until the window ends. It is not
+//!   refused: an owner who mistyped can still sign in, and nobody can lock
+//!   an owner out, from their address or another.
 //! - per client address: past [`ADDRESS_FAILURES`] (an address trying many
-//!   accounts), every sign-in from it is refused until the window ends,
-//!   whatever password it sends.
+//!   accounts, or one account many times), every sign-in from it is
+//!   refused until the window ends, whatever password it sends. This is
+//!   what bounds guesses, also those sent at once to get past the delay.
 //!
 //! The client address is the caller's to determine (the server takes the
 //! TCP peer, or the `X-Forwarded-For` entry left by a trusted proxy).
@@ -21,8 +23,11 @@ use crate::error::{EngineError, Result};
 use crate::schema::{self, THROTTLE};
 use crate::Engine;
 
-/// Failures allowed per window for one account from one address.
-pub const PAIR_FAILURES: u32 = 10;
+/// Failures per window of one account from one address from which its
+/// sign-ins from there are slowed.
+pub const PAIR_FAILURES: u32 = 5;
+/// The longest a slowed sign-in waits.
+const MAX_DELAY_MILLIS: u64 = 500;
 /// Failures allowed per window from one address, over all accounts.
 pub const ADDRESS_FAILURES: u32 = 50;
 const WINDOW_MICROS: i64 = 5 * 60 * 1_000_000;
@@ -33,29 +38,50 @@ struct Window {
     failures: u32,
 }
 
+/// How long a sign-in waits before its password is checked, after
+/// `failures` failed sign-ins of that account from that address in the
+/// current window: nothing below [`PAIR_FAILURES`], then 25 ms doubling
+/// with every failure up to half a second.
+pub fn sign_in_delay(failures: u32) -> std::time::Duration {
+    let millis = match failures.checked_sub(PAIR_FAILURES) {
+        None => 0,
+        Some(past) => (25u64 << past.min(16)).min(MAX_DELAY_MILLIS),
+    };
+    std::time::Duration::from_millis(millis)
+}
+
 fn key(what: &str) -> Key {
     Key::new(THROTTLE, what.as_bytes(), b"w".to_vec())
 }
 
 impl Engine {
-    /// Refuses with [`EngineError::RateLimited`] if one of the windows is
-    /// full; answers the seconds left in it otherwise `None`.
-    async fn check_throttle(&self, keys: &[(Key, u32)]) -> Result<()> {
+    /// Refuses with [`EngineError::RateLimited`] if the address's window
+    /// is full; answers the failures in the pair's window otherwise.
+    async fn check_throttle(&self, pair: Option<&Key>, address: Option<&Key>) -> Result<u32> {
         let now = self.now();
-        let gets: Vec<Key> = keys.iter().map(|(k, _)| k.clone()).collect();
-        let rows = self.snapshot().await?.get_many(&gets).await?;
-        for ((_, limit), row) in keys.iter().zip(rows) {
-            let Some(row) = row else { continue };
+        let gets: Vec<Key> = pair.into_iter().chain(address).cloned().collect();
+        let mut rows = self.snapshot().await?.get_many(&gets).await?.into_iter();
+        // The rows come in the order asked: the pair's, then the address's.
+        let mut live = |asked: Option<&Key>| -> Result<Option<Window>> {
+            let Some(row) = asked.and_then(|_| rows.next()).flatten() else {
+                return Ok(None);
+            };
             let w: Window = schema::decode("throttle window", &row)?;
-            if now - w.start < WINDOW_MICROS && w.failures >= *limit {
+            Ok((now - w.start < WINDOW_MICROS).then_some(w))
+        };
+        let pair_window = live(pair)?;
+        if let Some(w) = live(address)? {
+            if w.failures >= ADDRESS_FAILURES {
                 let secs = (w.start + WINDOW_MICROS - now) / 1_000_000 + 1;
                 return Err(EngineError::RateLimited {
-                    detail: format!("too many failed sign-ins; try again in {secs} s"),
+                    detail: format!(
+                        "too many failed sign-ins from this address; try again in {secs} s"
+                    ),
                     retry_after: secs.max(1) as u64,
                 });
             }
         }
-        Ok(())
+        Ok(pair_window.map_or(0, |w| w.failures))
     }
 
     async fn record_failure(&self, key: &Key) -> Result<()> {
@@ -93,10 +119,10 @@ impl Engine {
         .await
     }
 
-    /// [`Engine::sign_in`], refused while this account has failed too often
-    /// from this client address, or the address has failed too often over
-    /// all accounts; failures are counted, a success clears the account's
-    /// count for the address.
+    /// [`Engine::sign_in`], slowed while this account has failed often from
+    /// this client address ([`sign_in_delay`]), refused while the address
+    /// has failed too often over all accounts; failures are counted, a
+    /// success clears the account's count for the address.
     pub async fn sign_in_throttled(
         &self,
         username: &str,
@@ -107,15 +133,12 @@ impl Engine {
         // A name no account can have fails like a wrong password, and
         // counts against its address all the same (it has no pair).
         let valid = crate::is_valid_name(username);
-        let pair = key(&format!("pair:{username}|{addr}"));
-        let mut keys = Vec::new();
-        if valid {
-            keys.push((pair.clone(), PAIR_FAILURES));
-        }
-        if client.is_some() {
-            keys.push((key(&format!("addr:{addr}")), ADDRESS_FAILURES));
-        }
-        self.retrying(|| self.check_throttle(&keys)).await?;
+        let pair = valid.then(|| key(&format!("pair:{username}|{addr}")));
+        let address = client.map(|_| key(&format!("addr:{addr}")));
+        let failures = self
+            .retrying(|| self.check_throttle(pair.as_ref(), address.as_ref()))
+            .await?;
+        tokio::time::sleep(sign_in_delay(failures)).await;
         let signed_in = if valid {
             self.sign_in(username, password).await
         } else {
@@ -125,6 +148,7 @@ impl Engine {
         };
         match signed_in {
             Ok(ok) => {
+                let Some(pair) = pair else { return Ok(ok) };
                 let mut b = Batch::new();
                 b.delete(pair);
                 self.store()
@@ -134,12 +158,29 @@ impl Engine {
                 Ok(ok)
             }
             Err(EngineError::Unauthenticated(m)) => {
-                for (k, _) in &keys {
+                for k in pair.iter().chain(&address) {
                     self.record_failure(k).await?;
                 }
                 Err(EngineError::Unauthenticated(m))
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sign_ins_are_slowed_from_the_pairs_fifth_failure_up_to_half_a_second() {
+        let millis = |failures| sign_in_delay(failures).as_millis();
+        assert_eq!(millis(0), 0);
+        assert_eq!(millis(PAIR_FAILURES - 1), 0);
+        assert_eq!(millis(PAIR_FAILURES), 25);
+        assert_eq!(millis(PAIR_FAILURES + 1), 50);
+        assert_eq!(millis(PAIR_FAILURES + 4), 400);
+        assert_eq!(millis(PAIR_FAILURES + 5), 500);
+        assert_eq!(millis(u32::MAX), 500);
     }
 }

@@ -38,6 +38,28 @@ async fn an_address_failing_across_accounts_is_refused() {
         .unwrap();
 }
 
+/// An account failing from one address is slowed there, never refused:
+/// the right password still signs in, after the delay, and clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_failing_from_one_address_is_slowed_not_refused() {
+    let (e, _dir) = common::sqlite();
+    sign_up(&e, "alice").await;
+    let from = Some("192.0.2.9");
+    let failures = tarn_engine::PAIR_FAILURES + 5;
+    for _ in 0..failures {
+        let r = e.sign_in_throttled("alice", "wrong-password", from).await;
+        assert!(matches!(r, Err(EngineError::Unauthenticated(_))), "{r:?}");
+    }
+    let delay = tarn_engine::sign_in_delay(failures);
+    assert!(!delay.is_zero());
+    let started = std::time::Instant::now();
+    e.sign_in_throttled("alice", "alice-password", from)
+        .await
+        .unwrap();
+    // A sleep never ends early: this bound holds on any machine.
+    assert!(started.elapsed() >= delay, "{:?}", started.elapsed());
+}
+
 /// A flood of sign-ups fills only their own queue for a hasher: sign-ins
 /// still get through, a name that is taken is answered at once (no hash
 /// spent on it), and so is a token that is no session.

@@ -1,6 +1,7 @@
 //! Every endpoint of api.md, and every kind of error, in-process.
 
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::http::{Method, Request};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -202,33 +203,40 @@ async fn closed_signup_leaves_user_creation_to_admins() {
     assert_eq!(r.json()["type"], "forbidden");
 }
 
+/// Failed sign-ins of one account are slowed, never refused: its owner
+/// still signs in. An address failing across accounts is refused, `429`
+/// with `Retry-After`, whatever it sends next.
 #[tokio::test]
-async fn failed_sign_ins_are_rate_limited() {
+async fn failed_sign_ins_are_slowed_and_a_failing_address_refused() {
     let app = TestApp::new().await;
     app.user("alice").await;
-    for _ in 0..tarn_engine::PAIR_FAILURES {
-        app.call(
-            Method::POST,
-            "/api/v1/sessions",
-            None,
-            Some(json!({"username": "alice", "password": "wrong-password"})),
-        )
-        .await
-        .expect(401);
+    // From one TCP peer, as a server's connections are.
+    let sign_in = |username: String, password: &'static str| {
+        let mut req = Request::post("/api/v1/sessions")
+            .header("content-type", "application/json")
+            .body(Body::from(
+                json!({"username": username, "password": password}).to_string(),
+            ))
+            .unwrap();
+        let peer: std::net::SocketAddr = "192.0.2.7:4711".parse().unwrap();
+        req.extensions_mut().insert(ConnectInfo(peer));
+        app.raw(req)
+    };
+    let failures = tarn_engine::PAIR_FAILURES + 2;
+    for _ in 0..failures {
+        sign_in("alice".into(), "wrong-password").await.expect(401);
     }
-    let r = app
-        .call(
-            Method::POST,
-            "/api/v1/sessions",
-            None,
-            Some(json!({"username": "alice", "password": "alice-password"})),
-        )
-        .await
-        .expect(429);
-    assert_eq!(r.json()["type"], "rate-limited");
-    assert!(r.header("retry-after").is_some());
-    // Other usernames are not affected.
-    app.user("bob").await;
+    sign_in("alice".into(), "alice-password").await.expect(201);
+    for i in failures..tarn_engine::ADDRESS_FAILURES {
+        sign_in(format!("nobody{i}"), "wrong-password")
+            .await
+            .expect(401);
+    }
+    for (username, password) in [("alice", "alice-password"), ("nobody", "x")] {
+        let r = sign_in(username.into(), password).await.expect(429);
+        assert_eq!(r.json()["type"], "rate-limited");
+        assert!(r.header("retry-after").is_some());
+    }
 }
 
 #[tokio::test]
