@@ -590,7 +590,9 @@ export interface components {
             op: components["schemas"]["ChangeOp"];
             /**
              * Format: int64
-             * @description The item's version after the change.
+             * @description The item's version after a put; for a remove, the last version the
+             *     caller could read (so a remove never says whether the item was
+             *     deleted or unshared).
              */
             version: number;
         };

@@ -1064,7 +1064,9 @@ pub struct Change<'a> {
     /// The item's kind.
     #[schema(value_type = Name)]
     pub kind: &'a str,
-    /// The item's version after the change.
+    /// The item's version after a put; for a remove, the last version the
+    /// caller could read (so a remove never says whether the item was
+    /// deleted or unshared).
     pub version: u64,
     /// When it was committed.
     #[schema(value_type = String, format = DateTime)]

@@ -440,6 +440,8 @@ async fn changes_over_http() {
     for bad in [
         "since=%21%21",
         "since=",
+        // The shape of the unsealed cursors of long ago: made up now.
+        "since=AQAAAAAAAAAF",
         "limit=0",
         "limit=abc",
         "kind=BAD",
@@ -463,9 +465,9 @@ async fn changes_over_http() {
     assert_eq!(anon["changes"], json!([]));
 }
 
-/// A feed cursor as servers made them before cursors were sealed: version
-/// 1 and a store position.
-const OLD_CURSOR: &str = "AQAAAAAAAAAF";
+/// A feed cursor as servers made them before cursors were sealed with the
+/// store's key: version 2, a store position and its unkeyed seal.
+const OLD_CURSOR: &str = "AgAAAAAAAAAFzUofCA";
 
 /// Reads SSE frames from a streaming body until `n` events (not comments)
 /// arrived; returns them as (event, id, data).
@@ -587,7 +589,7 @@ async fn events_over_http() {
     // A bad cursor is refused before streaming.
     let res = open(Some("%%%".into())).await.unwrap();
     assert_eq!(res.status(), 400);
-    // A cursor of an older server (version 1, unsealed) resyncs, and the
+    // A cursor of an older server (sealed without the key) resyncs, and the
     // stream goes on from the end, as a browser's EventSource needs.
     let res = open(Some(OLD_CURSOR.into())).await.unwrap();
     assert_eq!(res.status(), 200);
