@@ -258,7 +258,7 @@ impl BodyUpload {
         }
         self.hasher.update(data);
         if let Some(t) = &mut self.text {
-            let room = crate::search::BODY_TEXT.saturating_sub(t.len());
+            let room = crate::search::BODY_READ.saturating_sub(t.len());
             t.extend_from_slice(&data[..room.min(data.len())]);
         }
         self.buf.extend_from_slice(data);
@@ -518,28 +518,31 @@ fn is_media_type(content_type: &str) -> bool {
 /// first bytes if it is textual (`None` if not), and its `size`.
 pub(crate) fn body_words(text: Option<Vec<u8>>, size: u64) -> (Vec<(String, u32)>, u32) {
     match text {
-        Some(t) => {
-            let cut = size > t.len() as u64;
-            crate::text::word_counts(&indexed_text(t, cut), crate::search::BODY_WORDS)
-        }
+        Some(t) => crate::text::word_counts(
+            &indexed_text(t, size, crate::search::BODY_TEXT),
+            crate::search::BODY_WORDS,
+        ),
         None => (Vec::new(), 0),
     }
 }
 
-/// A textual body as its text index reads it: its first
-/// [`crate::search::BODY_TEXT`] bytes, and when the body goes on past
-/// them (`cut`), without their last word segment (Unicode's word bounds,
-/// so in any script), so that a word the cut split is not indexed as the
-/// fragment it left.
-fn indexed_text(text: Vec<u8>, cut: bool) -> String {
+/// A textual body of `size` bytes as its text index reads it, from `text`,
+/// its first bytes ([`crate::search::BODY_READ`]): all of it when it has
+/// at most `limit` bytes, else its words that end within the first
+/// `limit` bytes (Unicode's word bounds, so in any script; the bytes read
+/// past `limit` tell whether a word ending there goes on), so that a word
+/// the limit splits is not indexed as the fragment it left.
+fn indexed_text(text: Vec<u8>, size: u64, limit: usize) -> String {
     use unicode_segmentation::UnicodeSegmentation;
     let mut text = String::from_utf8_lossy(&text).into_owned();
-    if cut {
-        let last = text
+    if size > limit as u64 {
+        let end = text
             .split_word_bound_indices()
-            .next_back()
-            .map_or(0, |(i, _)| i);
-        text.truncate(last);
+            .rev()
+            .map(|(i, w)| i + w.len())
+            .find(|&end| end <= limit)
+            .unwrap_or(0);
+        text.truncate(end);
     }
     text
 }
@@ -548,21 +551,22 @@ fn indexed_text(text: Vec<u8>, cut: bool) -> String {
 mod tests {
     #[test]
     fn a_cut_body_is_indexed_up_to_its_last_whole_word() {
-        assert_eq!(
-            super::indexed_text(b"plum cot plumcot".to_vec(), true),
-            "plum cot "
-        );
-        assert_eq!(
-            super::indexed_text(b"plum cot plumcot".to_vec(), false),
-            "plum cot plumcot"
-        );
-        assert_eq!(super::indexed_text(b"plumcotxyz".to_vec(), true), "");
+        let cut =
+            |text: &str, size: usize, limit| super::indexed_text(text.into(), size as u64, limit);
+        // The whole body read: words ending within the limit are kept, a
+        // word ending at its last byte too.
+        let text = "plum cot plumcot";
+        assert_eq!(cut(text, text.len(), 16), text);
+        assert_eq!(cut(text, text.len(), 15), "plum cot ");
+        assert_eq!(cut(text, text.len(), 8), "plum cot");
+        assert_eq!(cut(text, text.len(), 7), "plum ");
+        // Part of a longer body: the bytes past the limit decide.
+        assert_eq!(cut("plum cot plumcot", 100, 8), "plum cot");
+        assert_eq!(cut("plum cotton", 100, 8), "plum ");
+        assert_eq!(cut("plumcotxyz", 100, 8), "");
         // Words without spaces between them lose only the last one.
-        let cjk = "日本語のテキスト".as_bytes().to_vec();
-        let kept = super::indexed_text(cjk, true);
-        assert!(
-            !kept.is_empty() && "日本語のテキスト".starts_with(&kept),
-            "{kept}"
-        );
+        let cjk = "日本語のテキスト";
+        let kept = cut(cjk, 100, cjk.len() - 1);
+        assert!(!kept.is_empty() && cjk.starts_with(&kept), "{kept}");
     }
 }

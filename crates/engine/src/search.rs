@@ -73,7 +73,7 @@ pub const MAX_EXPANSION: usize = 32;
 const EXPAND_FIRST: usize = 32;
 const EXPAND_ROWS: usize = 8;
 /// Most partitions a one-character prefix's expansion reads (its heads,
-/// some sixty, times the caller's partitions): about four times what a
+/// some fifty, times the caller's partitions): about four times what a
 /// listing by a caller in the most groups reads. Past it the prefix
 /// matches the whole word only.
 const EXPAND_PARTITIONS: usize = 4096;
@@ -91,6 +91,9 @@ const DEFER_LOOKUPS: usize = 256;
 pub(crate) const BODY_WORDS: usize = 512;
 /// Bytes of a textual body that are indexed.
 pub(crate) const BODY_TEXT: usize = 1024 * 1024;
+/// Bytes of a textual body that are read for indexing: [`BODY_TEXT`] and
+/// a few more, which show whether a word ending at its last byte goes on.
+pub(crate) const BODY_READ: usize = BODY_TEXT + 32;
 
 const K1: f64 = 1.2;
 const B: f64 = 0.75;
@@ -462,9 +465,10 @@ impl Expansion {
 /// or more. For one character: the character alone, and followed by each
 /// digit, by each character that may join the inside of a word (Unicode
 /// word segmentation keeps `o'brien`, `l’eau`, `1,000`, `3.14`, `l·l`
-/// whole), and by each lower-case letter, after folding, of the scripts
-/// the first character is one of: Latin (with the letters that fold to
-/// no ASCII one, such as `ø`, `ł`, `ə`), Cyrillic, Greek. A first
+/// whole; folding spells every apostrophe `'`), and by each lower-case
+/// letter, after folding, of the scripts the first character is one of:
+/// Latin (with the letters that fold to no ASCII one, such as `ŋ`, `ə`),
+/// Cyrillic, Greek. A first
 /// character of another script has no second characters listed: its
 /// prefix matches the whole word only, as do the terms whose second
 /// character is none of those listed (until two characters are typed).
@@ -473,7 +477,7 @@ fn prefix_heads(prefix: &str) -> Vec<String> {
     let (Some(first), None) = (chars.next(), chars.next()) else {
         return vec![prefix.to_string()];
     };
-    const JOINERS: [char; 10] = ['\'', '’', '‘', 'ʼ', '.', ',', ':', ';', '·', '_'];
+    const JOINERS: [char; 7] = ['\'', '.', ',', ':', ';', '·', '_'];
     let letters: Vec<char> = match first {
         // Cyrillic: `й` folds to `и`, `ё` to `е`, `ї` to `і`.
         '\u{0400}'..='\u{04FF}' => ('а'..='и')
@@ -488,11 +492,7 @@ fn prefix_heads(prefix: &str) -> Vec<String> {
         c if c.is_ascii_alphanumeric()
             || matches!(c, '\u{00C0}'..='\u{024F}' | '\u{0250}'..='\u{02AF}') =>
         {
-            ('a'..='z')
-                .chain([
-                    'æ', 'ð', 'ø', 'þ', 'đ', 'ł', 'œ', 'ŋ', 'ı', 'ħ', 'ŧ', 'ə', 'ɛ', 'ɔ', 'ʒ', 'ĸ',
-                ])
-                .collect()
+            ('a'..='z').chain(['ŋ', 'ə', 'ɛ', 'ɔ', 'ʒ', 'ĸ']).collect()
         }
         _ => return vec![prefix.to_string()],
     };

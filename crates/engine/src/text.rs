@@ -73,9 +73,9 @@ pub fn is_language(language: &str) -> bool {
 /// Folds one word: compatibility decomposition, combining marks and
 /// invisible format characters removed (a soft hyphen, a direction mark, a
 /// zero-width joiner: Unicode's category Cf, which word segmentation keeps
-/// inside a word, so `hy\u{AD}phenate` is `hyphenate`), lower case (with the two folds of full case folding that lower case
-/// lacks: `ß` is `ss`, a final `ς` is `σ`), recomposed; cut to
-/// [`MAX_TERM`] bytes.
+/// inside a word, so `hy\u{AD}phenate` is `hyphenate`), lower case,
+/// letters [`spelled`] as plain ones, recomposed; cut to [`MAX_TERM`]
+/// bytes.
 pub fn fold(word: &str) -> String {
     let folded: String = word
         .nfkd()
@@ -85,14 +85,39 @@ pub fn fold(word: &str) -> String {
                 && c.general_category() != GeneralCategory::Format
         })
         .flat_map(char::to_lowercase)
-        .flat_map(|c| match c {
-            'ß' => ['s', 's'].into_iter().take(2),
-            'ς' => ['σ', 'σ'].into_iter().take(1),
-            c => [c, c].into_iter().take(1),
-        })
+        .flat_map(spelled)
         .nfc()
         .collect();
     crate::keys::prefix(&folded, MAX_TERM).to_string()
+}
+
+/// A lower-case letter as [`fold`] spells it: the two folds of full case
+/// folding that lower case lacks (`ß` is `ss`, a final `ς` is `σ`); the
+/// letters with a stroke or a bar and the ligatures, which decomposition
+/// leaves whole, as the letters they are written with (`ł` is `l`, `ø`
+/// is `o`, `æ` is `ae`: Łódź is found by `lodz`); and the apostrophes
+/// that word segmentation keeps inside a word (`’`, `‘`, `ʼ`) as `'`.
+fn spelled(c: char) -> std::iter::Take<std::array::IntoIter<char, 2>> {
+    let (pair, n) = match c {
+        'ß' => (['s', 's'], 2),
+        'ς' => (['σ', ' '], 1),
+        'æ' => (['a', 'e'], 2),
+        'œ' => (['o', 'e'], 2),
+        'þ' => (['t', 'h'], 2),
+        'ł' => (['l', ' '], 1),
+        'ø' => (['o', ' '], 1),
+        'đ' | 'ð' => (['d', ' '], 1),
+        'ħ' => (['h', ' '], 1),
+        'ŧ' => (['t', ' '], 1),
+        'ı' => (['i', ' '], 1),
+        'ƀ' => (['b', ' '], 1),
+        'ɨ' => (['i', ' '], 1),
+        'ƶ' => (['z', ' '], 1),
+        'ǥ' => (['g', ' '], 1),
+        '’' | '‘' | 'ʼ' => (['\'', ' '], 1),
+        c => ([c, ' '], 1),
+    };
+    pair.into_iter().take(n)
 }
 
 /// The folded words of a text, in order (not stemmed).
@@ -152,15 +177,17 @@ impl Analyzer {
         }
     }
 
-    /// The terms shorter than `typed` (folded) of the words that complete
-    /// it: `typed` with the rest of each of its language's [`endings`]
-    /// (`brewi` + `ng`), stemmed, kept when `typed` starts with the term
-    /// (`brew`) — the terms a prefix read cannot reach, since they sort
-    /// before it. At least three characters; none for a language without
-    /// endings listed, or without a stemmer.
+    /// The terms of the words that complete `typed` (folded) that do not
+    /// start with it: `typed` with the rest of each of its language's
+    /// [`endings`] (`brewi` + `ng`), stemmed, kept when the term is not
+    /// one a prefix read of `typed` reaches — one that ends before it
+    /// (`brewing` is `brew`), or whose stem spells its last letters
+    /// otherwise (`dyi` + `ng` is `die`, `cryi` + `ng` is `cri`, `skie` +
+    /// `s` is `sky`). At least two characters typed and three in a term;
+    /// none for a language without endings listed, or without a stemmer.
     pub fn stems_typed_past(&self, typed: &str) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        if self.stemmer.is_none() || typed.chars().count() < 4 {
+        if self.stemmer.is_none() || typed.chars().count() < 2 {
             return out;
         }
         let mut word = String::with_capacity(typed.len() + 16);
@@ -169,11 +196,7 @@ impl Analyzer {
             word.push_str(typed);
             word.push_str(rest);
             let term = self.term(&word);
-            if term.len() < typed.len()
-                && term.chars().count() >= 3
-                && typed.starts_with(&term)
-                && !out.contains(&term)
-            {
+            if !term.starts_with(typed) && term.chars().count() >= 3 && !out.contains(&term) {
                 out.push(term);
             }
         }
@@ -232,6 +255,29 @@ mod tests {
             );
         }
         assert!(past("brew").is_empty() && past("tea").is_empty());
+        // Stems that spell a word's last letters otherwise.
+        for (word, typed) in [
+            ("dying", ["dy", "dyi", "dyin"].as_slice()),
+            ("crying", &["cry", "cryi", "cryin"]),
+            ("skies", &["ski", "skie"]),
+            ("studies", &["studie"]),
+            ("happily", &["happ", "happil"]),
+        ] {
+            let term = en.term(word);
+            for typed in typed {
+                assert!(
+                    typed.starts_with(term.as_str())
+                        || term.starts_with(typed)
+                        || past(typed).contains(&term),
+                    "{typed} does not reach {term}, the term of {word}: {:?}",
+                    past(typed)
+                );
+            }
+        }
+        // A handful of terms at most, even for two letters.
+        for typed in ["dy", "th", "an", "re", "co", "generalizat", "happine"] {
+            assert!(past(typed).len() <= 12, "{typed}: {:?}", past(typed));
+        }
         // Letters of several bytes (that folding keeps) cut nowhere else.
         assert!(past("brødi")
             .iter()
@@ -256,6 +302,10 @@ mod tests {
         // Full case folding where lower case stops short.
         assert_eq!(t("Straße"), t("STRASSE"));
         assert_eq!(t("ΟΔΟΣ"), t("οδος"));
+        // Letters with a stroke, ligatures, apostrophes.
+        assert_eq!(t("Łódź København Øl Æsir"), t("lodz kobenhavn ol aesir"));
+        assert_eq!(t("Đakovo Þór"), t("dakovo thor"));
+        assert_eq!(t("l’eau O‘Brien"), t("l'eau o'brien"));
         // Scripts without case or marks pass through; emoji and marks alone
         // make no word.
         assert!(words("日本語のテキスト").count() > 0);

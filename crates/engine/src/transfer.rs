@@ -580,7 +580,7 @@ impl Importer {
         body.got += bytes.len() as u64;
         body.hasher.update(&bytes);
         if let Some(t) = &mut body.text {
-            let room = crate::search::BODY_TEXT.saturating_sub(t.len());
+            let room = crate::search::BODY_READ.saturating_sub(t.len());
             t.extend_from_slice(&bytes[..room.min(bytes.len())]);
         }
         self.batch.put(schema::chunk_key(blob, n), bytes, 1);

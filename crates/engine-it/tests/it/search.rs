@@ -366,6 +366,40 @@ async fn a_prefix_expands_past_terms_held_by_many_items() {
     assert_eq!(got.len(), 20);
 }
 
+/// Every prefix of a word finds it as it is typed, also where its stem
+/// spells its last letters otherwise than the word (`dying` is `die`,
+/// `skies` is `sky`, `crying` is `cri`) or ends before them (`brew`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_prefix_of_a_word_finds_it() {
+    let (e, _dir) = common::sqlite();
+    let ann = sign_up(&e, "ann").await;
+    text_index(&e, "doc-text", "doc", &[], vec![tf("title", 1.0)]).await;
+    let words = [
+        "Brewing", "dying", "skies", "crying", "studies", "happily", "making", "hoping",
+    ];
+    let mut items = Vec::new();
+    for w in words {
+        items.push(doc(&e, &ann, props(json!({"title": w})), everyone()).await);
+    }
+    for (w, item) in words.iter().zip(&items) {
+        for end in 1..=w.len() {
+            let typed = &w[..end];
+            let got = ids(
+                &e,
+                &ann,
+                SearchQuery {
+                    q: typed.into(),
+                    prefix: true,
+                    limit: 10,
+                    ..q("")
+                },
+            )
+            .await;
+            assert!(got.contains(item), "{typed} does not find {w}: {got:?}");
+        }
+    }
+}
+
 /// A term the caller's own partition lacks is still read from the
 /// partitions that hold it: only a partition read to its end, without the
 /// term, is passed over.
@@ -586,6 +620,34 @@ async fn categories_bodies_paging_and_refusals() {
     };
     assert_eq!(ids(&e, &ann, body_q("porcupine")).await, vec![f.clone()]);
     assert_eq!(ids(&e, &ann, body_q("notes")).await, vec![f.clone()]);
+    // The first MiB is indexed, to a word ending at its last byte; not a
+    // word the MiB's end splits, nor one after it.
+    let mib = 1024 * 1024;
+    for (text, within, past) in [
+        (
+            format!("{}edgeword tailword", " ".repeat(mib - 8)),
+            "edgeword",
+            "tailword",
+        ),
+        (
+            format!("{}lastword splitword", " ".repeat(mib - 13)),
+            "lastword",
+            "splitword",
+        ),
+    ] {
+        let mut up = e
+            .begin_body(&ann, &f, None, "text/plain", None)
+            .await
+            .unwrap();
+        up.write(text.as_bytes()).await.unwrap();
+        up.finish(None).await.unwrap();
+        assert_eq!(
+            ids(&e, &ann, body_q(within)).await,
+            vec![f.clone()],
+            "{within}"
+        );
+        assert!(ids(&e, &ann, body_q(past)).await.is_empty(), "{past}");
+    }
     // A binary body adds no words.
     let mut up = e
         .begin_body(&ann, &f, None, "application/octet-stream", None)
