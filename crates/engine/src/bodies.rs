@@ -338,7 +338,7 @@ impl BodyUpload {
             self.rest(began, true).await;
             drop(slot);
         }
-        let (words, word_count) = body_words(self.text.take(), self.size);
+        let (words, word_count) = body_words(self.text.take(), self.size, &self.content_type);
         let meta = BodyMeta {
             size: self.size,
             content_type: self.content_type.clone(),
@@ -516,26 +516,37 @@ fn is_media_type(content_type: &str) -> bool {
 
 /// A body's most used words and its indexed word count, from `text`, its
 /// first bytes if it is textual (`None` if not), and its `size`.
-pub(crate) fn body_words(text: Option<Vec<u8>>, size: u64) -> (Vec<(String, u32)>, u32) {
+pub(crate) fn body_words(
+    text: Option<Vec<u8>>,
+    size: u64,
+    content_type: &str,
+) -> (Vec<(String, u32)>, u32) {
     match text {
         Some(t) => crate::text::word_counts(
-            &indexed_text(t, size, crate::search::BODY_TEXT),
+            &indexed_text(t, size, crate::search::BODY_TEXT, content_type),
             crate::search::BODY_WORDS,
         ),
         None => (Vec::new(), 0),
     }
 }
 
-/// A textual body of `size` bytes as its text index reads it, from `text`,
-/// its first bytes ([`crate::search::BODY_READ`]): all of it when it has
-/// at most `limit` bytes, else its words that end within the first
-/// `limit` bytes (Unicode's word bounds, so in any script; the bytes read
-/// past `limit` tell whether a word ending there goes on), so that a word
-/// the limit splits is not indexed as the fragment it left.
-fn indexed_text(text: Vec<u8>, size: u64, limit: usize) -> String {
+/// A textual body of `size` bytes as its text index reads it, from `raw`,
+/// its first bytes ([`crate::search::BODY_READ`]), decoded as its content
+/// type says ([`Charset`]): all of it when it has at most `limit` bytes,
+/// else its words that end within the first `limit` bytes (Unicode's word
+/// bounds, so in any script; the bytes read past `limit` tell whether a
+/// word ending there goes on), so that a word the limit splits is not
+/// indexed as the fragment it left.
+fn indexed_text(raw: Vec<u8>, size: u64, limit: usize, content_type: &str) -> String {
     use unicode_segmentation::UnicodeSegmentation;
-    let mut text = String::from_utf8_lossy(&text).into_owned();
+    let charset = Charset::of(content_type);
+    let mut text = charset.decode(&raw);
     if size > limit as u64 {
+        // Where the limit's byte falls in the text.
+        let limit = match charset {
+            Charset::Utf8 => limit,
+            _ => charset.decode(&raw[..limit.min(raw.len())]).len(),
+        };
         let end = text
             .split_word_bound_indices()
             .rev()
@@ -547,12 +558,84 @@ fn indexed_text(text: Vec<u8>, size: u64, limit: usize) -> String {
     text
 }
 
+/// The character encodings a textual body is read in: the `charset` its
+/// content type names, as browsers take the names (WHATWG Encoding:
+/// `iso-8859-1` and `us-ascii` are windows-1252, `utf-16` without a byte
+/// order mark is little-endian), else UTF-8, which JSON always is. Bytes
+/// that are no text in it read as U+FFFD.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Charset {
+    Utf8,
+    Windows1252,
+    Utf16 { big_endian: bool },
+}
+
+impl Charset {
+    fn of(content_type: &str) -> Charset {
+        let name = content_type.split(';').skip(1).find_map(|p| {
+            let (k, v) = p.split_once('=')?;
+            k.trim()
+                .eq_ignore_ascii_case("charset")
+                .then(|| v.trim().trim_matches('"').to_ascii_lowercase())
+        });
+        match name.as_deref() {
+            Some(
+                "iso-8859-1" | "iso8859-1" | "iso_8859-1" | "latin1" | "l1" | "us-ascii" | "ascii"
+                | "windows-1252" | "cp1252" | "x-cp1252",
+            ) => Charset::Windows1252,
+            Some("utf-16" | "utf-16le") => Charset::Utf16 { big_endian: false },
+            Some("utf-16be") => Charset::Utf16 { big_endian: true },
+            _ => Charset::Utf8,
+        }
+    }
+
+    fn decode(self, bytes: &[u8]) -> String {
+        match self {
+            Charset::Utf8 => String::from_utf8_lossy(bytes).into_owned(),
+            Charset::Windows1252 => bytes.iter().map(|&b| windows_1252(b)).collect(),
+            Charset::Utf16 { big_endian } => {
+                let (big_endian, bytes) = match bytes {
+                    [0xFE, 0xFF, rest @ ..] => (true, rest),
+                    [0xFF, 0xFE, rest @ ..] => (false, rest),
+                    _ => (big_endian, bytes),
+                };
+                let units = bytes.chunks_exact(2).map(|u| {
+                    let pair = [u[0], u[1]];
+                    if big_endian {
+                        u16::from_be_bytes(pair)
+                    } else {
+                        u16::from_le_bytes(pair)
+                    }
+                });
+                char::decode_utf16(units)
+                    .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// A byte of windows-1252: ISO-8859-1 but for 0x80–0x9F, which hold
+/// punctuation (`’`, `“`, `–`, `…`) and a few letters (`Š`, `Œ`, `ž`).
+fn windows_1252(b: u8) -> char {
+    const HIGH: [char; 32] = [
+        '€', '\u{81}', '‚', 'ƒ', '„', '…', '†', '‡', 'ˆ', '‰', 'Š', '‹', 'Œ', '\u{8D}', 'Ž',
+        '\u{8F}', '\u{90}', '‘', '’', '“', '”', '•', '–', '—', '˜', '™', 'š', '›', 'œ', '\u{9D}',
+        'ž', 'Ÿ',
+    ];
+    match b {
+        0x80..=0x9F => HIGH[usize::from(b - 0x80)],
+        b => char::from(b),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn a_cut_body_is_indexed_up_to_its_last_whole_word() {
-        let cut =
-            |text: &str, size: usize, limit| super::indexed_text(text.into(), size as u64, limit);
+        let cut = |text: &str, size: usize, limit| {
+            super::indexed_text(text.into(), size as u64, limit, "text/plain")
+        };
         // The whole body read: words ending within the limit are kept, a
         // word ending at its last byte too.
         let text = "plum cot plumcot";
@@ -568,5 +651,33 @@ mod tests {
         let cjk = "日本語のテキスト";
         let kept = cut(cjk, 100, cjk.len() - 1);
         assert!(!kept.is_empty() && cjk.starts_with(&kept), "{kept}");
+    }
+
+    #[test]
+    fn a_body_is_read_in_the_charset_its_type_names() {
+        let read = |bytes: &[u8], content_type| {
+            super::indexed_text(bytes.to_vec(), bytes.len() as u64, 100, content_type)
+        };
+        assert_eq!(read(b"caf\xe9", "text/plain; charset=ISO-8859-1"), "café");
+        assert_eq!(
+            read(
+                b"caf\xe9 \x93l\x92eau\x94",
+                "text/plain;charset=\"windows-1252\""
+            ),
+            "café “l’eau”"
+        );
+        assert_eq!(read(b"caf\xe9", "text/plain"), "caf\u{FFFD}");
+        assert_eq!(read("café".as_bytes(), "application/json"), "café");
+        let le: Vec<u8> = [0xFF, 0xFE]
+            .into_iter()
+            .chain("hé 日".encode_utf16().flat_map(u16::to_le_bytes))
+            .collect();
+        assert_eq!(read(&le, "text/plain; charset=utf-16"), "hé 日");
+        let be: Vec<u8> = "hé".encode_utf16().flat_map(u16::to_be_bytes).collect();
+        assert_eq!(read(&be, "text/plain; charset=UTF-16BE"), "hé");
+        // The limit counts the body's bytes, whatever the charset: two a
+        // letter here, after the byte order mark.
+        let cut = super::indexed_text(le.clone(), 100, 8, "text/plain; charset=utf-16");
+        assert_eq!(cut, "hé ");
     }
 }

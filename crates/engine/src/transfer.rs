@@ -338,7 +338,8 @@ impl BodyCheck {
                 item.id, self.got, self.size, self.sha256
             )));
         }
-        let (words, word_count) = crate::bodies::body_words(self.text, self.size);
+        let content_type = item.body.as_ref().map_or("", |b| b.content_type.as_str());
+        let (words, word_count) = crate::bodies::body_words(self.text, self.size, content_type);
         if let Some(body) = &mut item.body {
             body.words = words;
             body.word_count = word_count;

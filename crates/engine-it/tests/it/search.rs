@@ -648,6 +648,14 @@ async fn categories_bodies_paging_and_refusals() {
         );
         assert!(ids(&e, &ann, body_q(past)).await.is_empty(), "{past}");
     }
+    // A body is read in the charset its type names.
+    let mut up = e
+        .begin_body(&ann, &f, None, "text/plain; charset=iso-8859-1", None)
+        .await
+        .unwrap();
+    up.write(b"caf\xe9 cr\xe8me").await.unwrap();
+    up.finish(None).await.unwrap();
+    assert_eq!(ids(&e, &ann, body_q("café crème")).await, vec![f.clone()]);
     // A binary body adds no words.
     let mut up = e
         .begin_body(&ann, &f, None, "application/octet-stream", None)
