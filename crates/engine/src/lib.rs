@@ -56,7 +56,7 @@ pub use model::{
     Role, User,
 };
 pub use search::{Hit, Impacts, SearchPage, SearchQuery, MAX_QUERY, MAX_WORDS};
-pub use throttle::{sign_in_delay, ADDRESS_FAILURES, PAIR_FAILURES};
+pub use throttle::{sign_in_delay, ACCOUNT_SHARE, ADDRESS_FAILURES, PAIR_FAILURES};
 pub use transfer::{Importer, Moved, Record};
 pub use users::{Me, NewUser, PasswordCost};
 
@@ -124,6 +124,8 @@ pub struct EngineConfig {
     /// password changes) apart; past it they are answered `unavailable` at
     /// once instead of queueing for seconds.
     pub password_queue: usize,
+    /// The longest a slowed sign-in waits ([`throttle::sign_in_delay`]).
+    pub max_sign_in_delay: std::time::Duration,
     /// Groups one user may create per hour (administrators are not counted).
     pub groups_per_hour: u32,
     /// Uploads whose bytes are hashed and stored at once; others wait (and
@@ -183,6 +185,7 @@ impl Default for EngineConfig {
             max_attempts: 12,
             password_hashers: hashers,
             password_queue: 16 * hashers,
+            max_sign_in_delay: std::time::Duration::from_millis(500),
             groups_per_hour: 1000,
             upload_slots: hashers,
             upload_share: 0.5,

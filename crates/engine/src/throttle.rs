@@ -9,12 +9,17 @@
 //!   refused: an owner who mistyped can still sign in, and nobody can lock
 //!   an owner out, from their address or another.
 //! - per client address: past [`ADDRESS_FAILURES`] (an address trying many
-//!   accounts, or one account many times), every sign-in from it is
-//!   refused until the window ends, whatever password it sends. This is
-//!   what bounds guesses, also those sent at once to get past the delay.
+//!   accounts), every sign-in from it is refused until the window ends,
+//!   whatever password it sends. Each account counts there with at most
+//!   [`ACCOUNT_SHARE`] failures, so one account alone never has its owner
+//!   refused; past its share, guesses at one account are bounded by the
+//!   delay (two a second, and as many at once as are sent, each a
+//!   password hash).
 //!
 //! The client address is the caller's to determine (the server takes the
 //! TCP peer, or the `X-Forwarded-For` entry left by a trusted proxy).
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tarn_store::{Batch, Expect, Key, SnapshotExt};
@@ -26,8 +31,10 @@ use crate::Engine;
 /// Failures per window of one account from one address from which its
 /// sign-ins from there are slowed.
 pub const PAIR_FAILURES: u32 = 5;
-/// The longest a slowed sign-in waits.
-const MAX_DELAY_MILLIS: u64 = 500;
+/// Failures of one account from one address that count towards the
+/// address's: fewer than [`ADDRESS_FAILURES`], so that an address is
+/// refused only for failing across accounts.
+pub const ACCOUNT_SHARE: u32 = 10;
 /// Failures allowed per window from one address, over all accounts.
 pub const ADDRESS_FAILURES: u32 = 50;
 const WINDOW_MICROS: i64 = 5 * 60 * 1_000_000;
@@ -41,13 +48,12 @@ struct Window {
 /// How long a sign-in waits before its password is checked, after
 /// `failures` failed sign-ins of that account from that address in the
 /// current window: nothing below [`PAIR_FAILURES`], then 25 ms doubling
-/// with every failure up to half a second.
-pub fn sign_in_delay(failures: u32) -> std::time::Duration {
-    let millis = match failures.checked_sub(PAIR_FAILURES) {
-        None => 0,
-        Some(past) => (25u64 << past.min(16)).min(MAX_DELAY_MILLIS),
-    };
-    std::time::Duration::from_millis(millis)
+/// with every failure up to `max` (half a second unless configured).
+pub fn sign_in_delay(failures: u32, max: Duration) -> Duration {
+    match failures.checked_sub(PAIR_FAILURES) {
+        None => Duration::ZERO,
+        Some(past) => (Duration::from_millis(25) * (1 << past.min(16))).min(max),
+    }
 }
 
 fn key(what: &str) -> Key {
@@ -138,7 +144,7 @@ impl Engine {
         let failures = self
             .retrying(|| self.check_throttle(pair.as_ref(), address.as_ref()))
             .await?;
-        tokio::time::sleep(sign_in_delay(failures)).await;
+        tokio::time::sleep(sign_in_delay(failures, self.config().max_sign_in_delay)).await;
         let signed_in = if valid {
             self.sign_in(username, password).await
         } else {
@@ -158,7 +164,10 @@ impl Engine {
                 Ok(ok)
             }
             Err(EngineError::Unauthenticated(m)) => {
-                for k in pair.iter().chain(&address) {
+                if let Some(k) = &pair {
+                    self.record_failure(k).await?;
+                }
+                if let Some(k) = address.as_ref().filter(|_| failures < ACCOUNT_SHARE) {
                     self.record_failure(k).await?;
                 }
                 Err(EngineError::Unauthenticated(m))
@@ -174,7 +183,7 @@ mod tests {
 
     #[test]
     fn sign_ins_are_slowed_from_the_pairs_fifth_failure_up_to_half_a_second() {
-        let millis = |failures| sign_in_delay(failures).as_millis();
+        let millis = |failures| sign_in_delay(failures, Duration::from_millis(500)).as_millis();
         assert_eq!(millis(0), 0);
         assert_eq!(millis(PAIR_FAILURES - 1), 0);
         assert_eq!(millis(PAIR_FAILURES), 25);
