@@ -467,7 +467,13 @@ mod tests {
 
     #[test]
     fn principals_round_trip() {
-        for s in ["user:alice", "user:Alice", "group:g1", "authenticated", "everyone"] {
+        for s in [
+            "user:alice",
+            "user:Alice",
+            "group:g1",
+            "authenticated",
+            "everyone",
+        ] {
             assert_eq!(s.parse::<Principal>().unwrap().to_string(), s);
         }
         for bad in ["alice", "user:", "user:-a", "team:x", "everyone:x"] {

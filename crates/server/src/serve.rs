@@ -17,20 +17,28 @@
 //! keeps at most [`Limits::max_open`] of all addresses, so that however
 //! many share them, a connection past it is answered too, not left to
 //! `accept` failing for everyone.
+//!
+//! A response to a request whose body the server did not read to its end
+//! (one refused `413`, or an upload refused before its bytes) says
+//! `Connection: close`: hyper closes such a connection after the
+//! response, since the rest of the body stands where the next request
+//! would, and a client told nothing would send its next request on it.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::StatusCode;
 use axum::Router;
-use hyper::body::Incoming;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -316,11 +324,15 @@ pub async fn serve(
             req.extensions_mut().insert(ConnectInfo::<SocketAddr>(addr));
             let mut app = app.clone();
             async move {
-                Ok::<_, Infallible>(
-                    app.call(req.map(Body::new))
-                        .await
-                        .unwrap_or_else(|e| match e {}),
-                )
+                let (req, read) = ReadToEnd::new(req);
+                let mut res = app.call(req).await.unwrap_or_else(|e| match e {});
+                if !read.load(Ordering::Relaxed) {
+                    res.headers_mut().insert(
+                        axum::http::header::CONNECTION,
+                        axum::http::HeaderValue::from_static("close"),
+                    );
+                }
+                Ok::<_, Infallible>(res)
             }
         });
         let conn = builder.serve_connection(TokioIo::new(io), service);
@@ -337,4 +349,45 @@ pub async fn serve(
     // balancer turns to another node instead of waiting here.
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// A request's body that notes when it has been read to its end.
+struct ReadToEnd {
+    body: Incoming,
+    read: Arc<AtomicBool>,
+}
+
+impl ReadToEnd {
+    /// The request with its body wrapped, and the flag that says whether
+    /// the body was read to its end (at once, for a request without one).
+    fn new(req: hyper::Request<Incoming>) -> (axum::extract::Request, Arc<AtomicBool>) {
+        let read = Arc::new(AtomicBool::new(req.body().is_end_stream()));
+        let flag = read.clone();
+        let req = req.map(|body| Body::new(ReadToEnd { body, read: flag }));
+        (req, read)
+    }
+}
+
+impl HttpBody for ReadToEnd {
+    type Data = hyper::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.body.is_end_stream() {
+            self.read.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }

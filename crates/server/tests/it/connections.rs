@@ -180,3 +180,63 @@ async fn two_at_once(limits: tarn_server::serve::Limits) {
     drop(second);
     stop(stopper, server).await;
 }
+
+/// The head of the answer read from `c`, up to its blank line.
+async fn answer_head(c: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        while !head.ends_with(b"\r\n\r\n") && c.read(&mut byte).await.unwrap_or(0) == 1 {
+            head.push(byte[0]);
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no answer in 20 s");
+    String::from_utf8_lossy(&head).to_lowercase()
+}
+
+/// An answer to a request whose body the server did not read says
+/// `Connection: close` before the connection closes, so that a client
+/// sends its next request on another; one whose body was read keeps the
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_left_unread_closes_its_connection_and_says_so() {
+    let app = TestApp::new().await;
+    let (at, stopper, server) = serve(&app, tarn_server::serve::Limits::default());
+    // An upload to no item, refused before its bytes are sent.
+    let mut c = TcpStream::connect(at).await.unwrap();
+    c.write_all(
+        b"PUT /api/v1/items/nothing/body HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let head = answer_head(&mut c).await;
+    assert!(head.starts_with("http/1.1 404"), "{head}");
+    assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+    until_closed(&mut c, "a connection with a body left unread").await;
+    // A body read whole, refused: the connection serves the next request.
+    let mut c = TcpStream::connect(at).await.unwrap();
+    let body = br#"{"username": "x"}"#;
+    c.write_all(
+        format!(
+            "POST /api/v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    c.write_all(body).await.unwrap();
+    let head = answer_head(&mut c).await;
+    assert!(head.starts_with("http/1.1 400"), "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a content-length");
+    let mut rest = vec![0; length];
+    c.read_exact(&mut rest).await.unwrap();
+    assert!(health(&mut c).await.starts_with("HTTP/1.1 200"));
+    stop(stopper, server).await;
+}
