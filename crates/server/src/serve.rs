@@ -324,7 +324,7 @@ pub async fn serve(
             req.extensions_mut().insert(ConnectInfo::<SocketAddr>(addr));
             let mut app = app.clone();
             async move {
-                let (req, read) = ReadToEnd::new(req);
+                let (req, read) = ReadToEnd::wrap(req);
                 let mut res = app.call(req).await.unwrap_or_else(|e| match e {});
                 if !read.load(Ordering::Relaxed) {
                     res.headers_mut().insert(
@@ -360,7 +360,7 @@ struct ReadToEnd {
 impl ReadToEnd {
     /// The request with its body wrapped, and the flag that says whether
     /// the body was read to its end (at once, for a request without one).
-    fn new(req: hyper::Request<Incoming>) -> (axum::extract::Request, Arc<AtomicBool>) {
+    fn wrap(req: hyper::Request<Incoming>) -> (axum::extract::Request, Arc<AtomicBool>) {
         let read = Arc::new(AtomicBool::new(req.body().is_end_stream()));
         let flag = read.clone();
         let req = req.map(|body| Body::new(ReadToEnd { body, read: flag }));
