@@ -322,6 +322,15 @@ fn acl_of(acl: &[tarn_engine::Grant]) -> Vec<Grant> {
 
 // ---------------------------------------------------------------- users
 
+/// An optional field given as `null`: read as if it were left out.
+fn null_as_absent<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
 /// A sign-up (or, by an administrator, a new user).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -333,7 +342,7 @@ pub struct NewUser {
     #[schema(min_length = 8, max_length = 1024)]
     pub password: String,
     /// A free JSON object (at most 64 KiB by default).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_absent")]
     #[schema(value_type = Object)]
     pub properties: Map<String, Value>,
     /// Make an administrator (administrators only).
@@ -440,7 +449,7 @@ pub struct NewGroup {
     #[schema(max_length = 1024)]
     pub title: Option<String>,
     /// A free JSON object.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_absent")]
     #[schema(value_type = Object)]
     pub properties: Map<String, Value>,
 }
@@ -498,11 +507,11 @@ pub struct NewItem {
     #[schema(value_type = Name)]
     pub kind: String,
     /// A free JSON object (at most 64 KiB by default).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_absent")]
     #[schema(value_type = Object)]
     pub properties: Map<String, Value>,
     /// Grants besides the creator's, who is always a manager.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_absent")]
     #[schema(max_items = 256)]
     pub acl: Vec<Grant>,
 }

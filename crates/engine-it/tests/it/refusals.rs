@@ -549,7 +549,7 @@ async fn bad_input_is_refused() {
     assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
     let r = sign_up_with(&e, "alice", "long enough").await;
     assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
-    let r = sign_up_with(&e, "Nope", "long enough").await;
+    let r = sign_up_with(&e, "no pe", "long enough").await;
     assert!(matches!(r, Err(EngineError::InvalidInput(_))), "{r:?}");
     // The names of the built-in principals are no one's to take.
     for name in ["everyone", "authenticated"] {
