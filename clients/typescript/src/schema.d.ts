@@ -832,18 +832,18 @@ export interface components {
             /** @description Immutable and unique. */
             id: components["schemas"]["Name"];
             /** @description A free JSON object. */
-            properties?: Record<string, unknown>;
+            properties?: Record<string, unknown> | null;
             /** @description A display title, at most 1024 bytes. */
             title?: string | null;
         };
         /** @description A new item. */
         NewItem: {
             /** @description Grants besides the creator's, who is always a manager. */
-            acl?: components["schemas"]["Grant"][];
+            acl?: components["schemas"]["Grant"][] | null;
             /** @description What sort of item. */
             kind: components["schemas"]["Name"];
             /** @description A free JSON object (at most 64 KiB by default). */
-            properties?: Record<string, unknown>;
+            properties?: Record<string, unknown> | null;
         };
         /** @description A new link. */
         NewLink: {
@@ -862,7 +862,7 @@ export interface components {
             /** @description At least 8 characters, at most 1024 bytes. */
             password: string;
             /** @description A free JSON object (at most 64 KiB by default). */
-            properties?: Record<string, unknown>;
+            properties?: Record<string, unknown> | null;
             /** @description Immutable and unique. */
             username: components["schemas"]["Name"];
         };

@@ -343,7 +343,7 @@ pub struct NewUser {
     pub password: String,
     /// A free JSON object (at most 64 KiB by default).
     #[serde(default, deserialize_with = "null_as_absent")]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Object, nullable = true)]
     pub properties: Map<String, Value>,
     /// Make an administrator (administrators only).
     #[serde(default)]
@@ -450,7 +450,7 @@ pub struct NewGroup {
     pub title: Option<String>,
     /// A free JSON object.
     #[serde(default, deserialize_with = "null_as_absent")]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Object, nullable = true)]
     pub properties: Map<String, Value>,
 }
 
@@ -508,11 +508,11 @@ pub struct NewItem {
     pub kind: String,
     /// A free JSON object (at most 64 KiB by default).
     #[serde(default, deserialize_with = "null_as_absent")]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Object, nullable = true)]
     pub properties: Map<String, Value>,
     /// Grants besides the creator's, who is always a manager.
     #[serde(default, deserialize_with = "null_as_absent")]
-    #[schema(max_items = 256)]
+    #[schema(max_items = 256, nullable = true)]
     pub acl: Vec<Grant>,
 }
 
