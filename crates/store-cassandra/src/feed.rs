@@ -114,6 +114,13 @@ impl Inner {
     ) -> StoreResult<Vec<FeedEntry>> {
         let table = feed_table(feed)?;
         let horizon = wall_micros() - LAG_MICROS;
+        // A cursor at or past the horizon (the end handed out a moment
+        // ago, or a faster clock's entry): nothing is readable after it yet.
+        if let Some(c) = after {
+            if cursor_ts(c)? >= horizon {
+                return Ok(Vec::new());
+            }
+        }
         let upper = Bound::Excluded((horizon as u64).to_be_bytes().to_vec());
         let (mut bucket, lower) = match after {
             Some(c) => (
@@ -147,10 +154,14 @@ impl Inner {
         Ok(out)
     }
 
-    /// A cursor after every entry readable now.
+    /// A cursor after every entry written before now, not only those
+    /// readable now ([`LAG`] behind): a client that asks for the end
+    /// after a write is not handed that write again. (An entry still
+    /// landing, stamped before now by a writer that began before, is
+    /// passed over by a reader starting here; so is one stamped by a
+    /// node whose clock runs behind by more than the time between.)
     pub(crate) fn feed_end(&self) -> Vec<u8> {
-        let horizon = wall_micros() - LAG_MICROS;
-        let mut c = ((horizon - 1) as u64).to_be_bytes().to_vec();
+        let mut c = ((wall_micros() - 1) as u64).to_be_bytes().to_vec();
         c.extend_from_slice(&[0xFF; 10]);
         c
     }

@@ -1,7 +1,6 @@
 //! The `tarn` binary: `tarn serve` runs the server, `tarn admin` works on a
 //! stopped data directory.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,9 +155,9 @@ enum Signup {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Address and port to listen on [default: 127.0.0.1:7700].
+    /// Address (or host name) and port to listen on [default: 127.0.0.1:7700].
     #[arg(long, env = "TARN_LISTEN")]
-    listen: Option<SocketAddr>,
+    listen: Option<String>,
     /// Directory of the embedded store, created if missing [default: ./tarn-data].
     #[arg(long, env = "TARN_DATA")]
     data: Option<PathBuf>,
@@ -230,7 +229,7 @@ struct ServeArgs {
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    listen: Option<SocketAddr>,
+    listen: Option<String>,
     data: Option<PathBuf>,
     store: Option<String>,
     signup: Option<Signup>,
@@ -397,7 +396,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listen = args
         .listen
         .or(file.listen)
-        .unwrap_or_else(|| "127.0.0.1:7700".parse().expect("address"));
+        .unwrap_or_else(|| "127.0.0.1:7700".to_string());
     let data = args
         .data
         .or(file.data)
@@ -500,7 +499,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let streams = state.clone();
     let metrics = state.metrics.clone();
     let app = tarn_server::app(state);
-    let listener = tokio::net::TcpListener::bind(listen)
+    // A host name is resolved, and the first of its addresses that can be
+    // bound is taken (`localhost:7700`).
+    let listener = tokio::net::TcpListener::bind(listen.as_str())
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     // Listened for before the line below: a stop asked for as soon as a

@@ -767,3 +767,19 @@ fn requests_hyper_refuses_are_answered_with_problems() {
     terminate(&server.child);
     wait_exit(&mut server.child);
 }
+
+/// `--listen` takes a host name too: the server binds the first of its
+/// addresses it can and says which.
+#[test]
+fn a_host_name_is_listened_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr) = spawn_serve(|c| {
+        c.args(["serve", "--listen", "localhost:0", "--data"])
+            .arg(dir.path());
+    });
+    assert!(addr.ip().is_loopback(), "{addr}");
+    let r = call(addr, "GET", "/api/v1/health", None, None);
+    assert_eq!(r.status, 200);
+    terminate(&child);
+    assert!(wait_exit(&mut child).success());
+}
