@@ -825,7 +825,7 @@ export interface components {
             /** @description The cursor of the next page; `null` at the end. */
             next: string | null;
         };
-        /** @description A username, group id, kind or index name: 1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', starting with a letter or digit; case counts */
+        /** @description A username, group id, kind or index name: 1 to 64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit */
         Name: string;
         /** @description A new group. */
         NewGroup: {

@@ -17,16 +17,15 @@ use utoipa::openapi::{KnownFormat, Ref, RefOr, SchemaFormat};
 use utoipa::{PartialSchema, ToSchema};
 
 /// Usernames, group ids, kinds and index names.
-pub const NAME: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
+pub const NAME: &str = "^[a-z0-9][a-z0-9._-]{0,63}$";
 /// `user:<name>`, `group:<id>`, `authenticated` or `everyone`.
 pub const PRINCIPAL: &str =
-    "^(user:[A-Za-z0-9][A-Za-z0-9._-]{0,63}|group:[A-Za-z0-9][A-Za-z0-9._-]{0,63}|authenticated|everyone)$";
+    "^(user:[a-z0-9][a-z0-9._-]{0,63}|group:[a-z0-9][a-z0-9._-]{0,63}|authenticated|everyone)$";
 /// Most grants an ACL sent in a request holds (the engine's bound; a
 /// creator's own grant is added to a new item's).
 pub const MAX_GRANTS: usize = 256;
 /// `user:<name>` or `group:<id>`: who may be a member or manager of a group.
-pub const MEMBER: &str =
-    "^(user:[A-Za-z0-9][A-Za-z0-9._-]{0,63}|group:[A-Za-z0-9][A-Za-z0-9._-]{0,63})$";
+pub const MEMBER: &str = "^(user:[a-z0-9][a-z0-9._-]{0,63}|group:[a-z0-9][a-z0-9._-]{0,63})$";
 /// Cursors: unpadded base64url, as the server makes them (the last
 /// character carries no stray bits), of at most [`CURSOR_CHARS`].
 pub const CURSOR: &str =
@@ -36,7 +35,7 @@ pub const CURSOR: &str =
 /// direction and listing, sealed with 4 more: 4,118 bytes in base64url.
 pub const CURSOR_CHARS: usize = (18 + tarn_store::MAX_KEY_LEN + 4) * 4 / 3 + 1;
 /// Index names as read: declared names, or a built-in's (`_kind`, ...).
-pub const INDEX_NAME: &str = "^(_[a-z_]{1,63}|[A-Za-z0-9][A-Za-z0-9._-]{0,63})$";
+pub const INDEX_NAME: &str = "^(_[a-z_]{1,63}|[a-z0-9][a-z0-9._-]{0,63})$";
 /// A field an index names: `createdAt`, `modifiedAt`, `createdBy` or a dot
 /// path into `properties` (no empty segment).
 pub const FIELD: &str = "^[^.]+(\\.[^.]+)*$";
@@ -69,7 +68,7 @@ impl PartialSchema for Name {
         string_schema(
             NAME,
             None,
-            "A username, group id, kind or index name: 1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', starting with a letter or digit; case counts",
+            "A username, group id, kind or index name: 1 to 64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit",
         )
     }
 }

@@ -19,9 +19,9 @@ async fn an_address_failing_across_accounts_is_refused() {
     sign_up(&e, "alice").await;
     let from = Some("192.0.2.7");
     for i in 0..tarn_engine::ADDRESS_FAILURES {
-        // A leading dash, a space: no account has such a name.
+        // Upper case, a space: no account has such a name.
         let name = if i % 2 == 0 {
-            format!("-nobody{i}")
+            format!("Nobody{i}")
         } else {
             format!("no one {i}")
         };

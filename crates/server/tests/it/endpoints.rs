@@ -77,21 +77,9 @@ async fn users_and_sessions() {
         .await
         .expect(409);
     assert_eq!(dup.json()["type"], "conflict");
-    // Case counts: another name, another user.
-    let r = app
-        .call(
-            Method::POST,
-            "/api/v1/users",
-            None,
-            Some(json!({"username": "Alice", "password": "whatever1"})),
-        )
-        .await
-        .expect(201);
-    assert_eq!(r.json()["username"], "Alice");
     for body in [
         json!({"username": "bob", "password": "short"}),
-        json!({"username": "-bob", "password": "long enough"}),
-        json!({"username": "b ob", "password": "long enough"}),
+        json!({"username": "Bob", "password": "long enough"}),
         json!({"username": "bob"}),
         json!({"username": "bob", "password": "long enough", "extra": 1}),
     ] {

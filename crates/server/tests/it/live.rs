@@ -444,7 +444,7 @@ async fn changes_over_http() {
         "since=AQAAAAAAAAAF",
         "limit=0",
         "limit=abc",
-        "kind=B%20D",
+        "kind=BAD",
         "other=1",
     ] {
         app.get(&format!("/api/v1/changes?{bad}"), Some(&bob))
