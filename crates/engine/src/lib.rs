@@ -56,7 +56,7 @@ pub use model::{
     Role, User,
 };
 pub use search::{Hit, Impacts, SearchPage, SearchQuery, MAX_QUERY, MAX_WORDS};
-pub use throttle::{sign_in_delay, ACCOUNT_SHARE, ADDRESS_FAILURES, PAIR_FAILURES};
+pub use throttle::{sign_in_delay, ADDRESS_FAILURES, PAIR_FAILURES};
 pub use transfer::{Importer, Moved, Record};
 pub use users::{Me, NewUser, PasswordCost};
 

@@ -5,16 +5,15 @@
 //!
 //! - per (account, client address): from [`PAIR_FAILURES`] on, every
 //!   sign-in of that account from that address is slowed, the right
-//!   password's too ([`sign_in_delay`]), until the window ends. It is not
-//!   refused: an owner who mistyped can still sign in, and nobody can lock
-//!   an owner out, from their address or another.
-//! - per client address: past [`ADDRESS_FAILURES`] (an address trying many
-//!   accounts), every sign-in from it is refused until the window ends,
-//!   whatever password it sends. Each account counts there with at most
-//!   [`ACCOUNT_SHARE`] failures, so one account alone never has its owner
-//!   refused; past its share, guesses at one account are bounded by the
-//!   delay (two a second, and as many at once as are sent, each a
-//!   password hash).
+//!   password's too ([`sign_in_delay`]), until the window ends. The pair
+//!   is not refused for it: an owner who mistyped still signs in, and
+//!   failures from another address change nothing here.
+//! - per client address: past [`ADDRESS_FAILURES`], on whatever accounts,
+//!   every sign-in from it is refused until the window ends, whatever
+//!   password it sends. This bounds the guesses (and password hashes) of
+//!   one address, also those sent at once, which the delay does not: each
+//!   reads the pair's count before any of them has added to it. (Clients
+//!   behind one address share its count.)
 //!
 //! The client address is the caller's to determine (the server takes the
 //! TCP peer, or the `X-Forwarded-For` entry left by a trusted proxy).
@@ -31,10 +30,6 @@ use crate::Engine;
 /// Failures per window of one account from one address from which its
 /// sign-ins from there are slowed.
 pub const PAIR_FAILURES: u32 = 5;
-/// Failures of one account from one address that count towards the
-/// address's: fewer than [`ADDRESS_FAILURES`], so that an address is
-/// refused only for failing across accounts.
-pub const ACCOUNT_SHARE: u32 = 10;
 /// Failures allowed per window from one address, over all accounts.
 pub const ADDRESS_FAILURES: u32 = 50;
 const WINDOW_MICROS: i64 = 5 * 60 * 1_000_000;
@@ -164,10 +159,7 @@ impl Engine {
                 Ok(ok)
             }
             Err(EngineError::Unauthenticated(m)) => {
-                if let Some(k) = &pair {
-                    self.record_failure(k).await?;
-                }
-                if let Some(k) = address.as_ref().filter(|_| failures < ACCOUNT_SHARE) {
+                for k in pair.iter().chain(&address) {
                     self.record_failure(k).await?;
                 }
                 Err(EngineError::Unauthenticated(m))

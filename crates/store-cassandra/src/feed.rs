@@ -14,7 +14,11 @@
 //! writer stalled for seconds, or one that died between the two steps of a
 //! guarded write and was completed by the roll-forward) may be, by a reader
 //! already past it. That is the one place Cassandra is weaker than the
-//! other backends here, and what `LAG` trades against latency.
+//! other backends here, and what `LAG` trades against latency. The end a
+//! reader starting from now is handed ([`Inner::feed_end`]) is now itself,
+//! not the readable end, so that a change committed just before is not
+//! handed out again; a write still landing then, stamped before now, is
+//! passed over by that reader.
 //!
 //! # Whole-store scans
 //!

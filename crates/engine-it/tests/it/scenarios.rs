@@ -60,38 +60,6 @@ async fn an_account_failing_from_one_address_is_slowed_not_refused() {
     assert!(started.elapsed() >= delay, "{:?}", started.elapsed());
 }
 
-/// One account failing however often from one address never has that
-/// address refused: it counts there with its share only. Other accounts
-/// failing then fill the address's window.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_account_failing_never_has_its_owner_refused() {
-    let e = tarn_engine::Engine::new(
-        Arc::new(MemoryStore::new()),
-        tarn_engine::EngineConfig {
-            max_sign_in_delay: std::time::Duration::from_millis(1),
-            ..common::config()
-        },
-    );
-    sign_up(&e, "alice").await;
-    let from = Some("192.0.2.10");
-    for _ in 0..tarn_engine::ADDRESS_FAILURES + 5 {
-        let r = e.sign_in_throttled("alice", "wrong-password", from).await;
-        assert!(matches!(r, Err(EngineError::Unauthenticated(_))), "{r:?}");
-    }
-    e.sign_in_throttled("alice", "alice-password", from)
-        .await
-        .unwrap();
-    let counted = tarn_engine::ACCOUNT_SHARE;
-    for i in counted..tarn_engine::ADDRESS_FAILURES {
-        let r = e
-            .sign_in_throttled(&format!("nobody{i}"), "wrong-password", from)
-            .await;
-        assert!(matches!(r, Err(EngineError::Unauthenticated(_))), "{r:?}");
-    }
-    let r = e.sign_in_throttled("alice", "alice-password", from).await;
-    assert!(matches!(r, Err(EngineError::RateLimited { .. })), "{r:?}");
-}
-
 /// A flood of sign-ups fills only their own queue for a hasher: sign-ins
 /// still get through, a name that is taken is answered at once (no hash
 /// spent on it), and so is a token that is no session.
