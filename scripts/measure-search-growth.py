@@ -4,8 +4,11 @@
 Starts a release `tarn serve` on a temp directory, shares 500 documents
 with a reader, measures the reader's search p50 (one client, 500 searches
 after 100 warm-up ones), lets another user add documents the reader cannot
-read (default 10,000: the pool grows 21x), and measures again.
+read (default 10,000: the pool grows 21x), and measures again. With
+STORE=postgres://... or cassandra://... it serves over that store (which
+must be empty) instead of SQLite in a temp directory:
     scripts/measure-search-growth.py [ADDED]   (after cargo build --release -p tarn)
+    scripts/with-postgres.sh sh -c 'STORE=$TARN_TEST_POSTGRES scripts/measure-search-growth.py'
 """
 import json, os, random, statistics, subprocess, sys, tempfile, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -29,10 +32,11 @@ def req(method, path, body=None, tok=None):
 def main():
     data = tempfile.mkdtemp()
     env = dict(os.environ, TARN_ADMIN_PASSWORD="measure-admin", RUST_LOG="warn")
+    store = ["--store", os.environ["STORE"]] if os.environ.get("STORE") else []
     srv = subprocess.Popen([f"{ROOT}/target/release/tarn", "serve", "--listen", f"127.0.0.1:{PORT}",
-                            "--data", f"{data}/data"], env=env, stdout=subprocess.DEVNULL)
+                            "--data", f"{data}/data"] + store, env=env, stdout=subprocess.DEVNULL)
     try:
-        for _ in range(100):
+        for _ in range(600):
             try:
                 req("GET", "/health")
                 break
