@@ -927,8 +927,8 @@ export interface components {
         SortField: {
             /** @description `createdAt`, `modifiedAt`, `createdBy` or a dot path into `properties`. */
             field: components["schemas"]["FieldName"];
-            /** @description Its order. */
-            order: components["schemas"]["Order"];
+            /** @description Its order; `asc` when left out. */
+            order?: components["schemas"]["Order"];
         };
         /** @description One field of a text index. */
         TextField: {

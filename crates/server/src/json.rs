@@ -781,10 +781,11 @@ pub struct ItemPage<'a> {
 // ---------------------------------------------------------------- indexes
 
 /// A sort order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Order {
     /// Smallest first.
+    #[default]
     Asc,
     /// Largest first.
     Desc,
@@ -797,7 +798,8 @@ pub struct SortField {
     /// `createdAt`, `modifiedAt`, `createdBy` or a dot path into `properties`.
     #[schema(value_type = FieldName)]
     pub field: String,
-    /// Its order.
+    /// Its order; `asc` when left out.
+    #[serde(default)]
     pub order: Order,
 }
 

@@ -981,6 +981,25 @@ async fn listings_indexes_and_cursors() {
     )
     .await
     .expect(200);
+    // A sort field without `order` is ascending: the same declaration.
+    let r = app
+        .call(
+            Method::PUT,
+            "/api/v1/indexes/homes-by-name",
+            Some(&admin),
+            Some(json!({"kind": "user-home", "sort": [{"field": "public.profile.lastName"}]})),
+        )
+        .await
+        .expect(200);
+    assert_eq!(r.json()["sort"][0]["order"], "asc");
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/homes-by-name",
+        Some(&admin),
+        Some(json!({"kind": "user-home", "sort": [{"field": "public.profile.lastName", "order": "desc"}]})),
+    )
+    .await
+    .expect(409);
     app.call(
         Method::PUT,
         "/api/v1/indexes/homes-by-name",
