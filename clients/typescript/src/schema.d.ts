@@ -616,7 +616,7 @@ export interface components {
              */
             resync?: boolean;
         };
-        /** @description Opaque: the `next` of the previous page */
+        /** @description Opaque: the `next` of the previous page; empty is the same as none */
         Cursor: string;
         /** @description createdAt, modifiedAt, createdBy, or a dot path into properties (kind is implied by the index's kind) */
         FieldName: string;
@@ -2621,7 +2621,7 @@ export interface operations {
             };
             cookie?: never;
         };
-        /** @description The bytes. Any Content-Type is taken: it is stored and downloads answer with it */
+        /** @description The bytes. Any Content-Type is taken: it is stored and downloads answer with it; without one, `application/octet-stream` */
         requestBody: {
             content: {
                 "application/octet-stream": components["schemas"]["Bytes"];

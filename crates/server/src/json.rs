@@ -136,20 +136,17 @@ impl PartialSchema for Bytes {
 
 impl ToSchema for Bytes {}
 
-/// The schema of cursors ([`CURSOR`]).
+/// The schema of cursors ([`CURSOR`]); an empty one, given, is read as
+/// none (the first page, or the feed's current end).
 pub struct Cursor;
 
 impl PartialSchema for Cursor {
     fn schema() -> RefOr<Schema> {
-        let RefOr::T(Schema::Object(mut cursor)) = string_schema(
+        string_schema(
             CURSOR,
             Some(CURSOR_CHARS),
-            "Opaque: the `next` of the previous page",
-        ) else {
-            unreachable!("an object schema")
-        };
-        cursor.min_length = Some(1);
-        RefOr::T(Schema::Object(cursor))
+            "Opaque: the `next` of the previous page; empty is the same as none",
+        )
     }
 }
 

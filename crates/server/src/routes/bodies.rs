@@ -30,7 +30,7 @@ use crate::AppState;
     security((), ("bearer" = [])),
     params(ItemPath, LinkKey, IfMatch),
     request_body(
-        description = "The bytes. Any Content-Type is taken: it is stored and downloads answer with it",
+        description = "The bytes. Any Content-Type is taken: it is stored and downloads answer with it; without one, `application/octet-stream`",
         content((Bytes = "application/octet-stream")),
     ),
     responses(
@@ -51,12 +51,13 @@ pub async fn put(
     Path(ItemPath { id }): Path<ItemPath>,
     req: Request,
 ) -> ApiResult<Response> {
-    let content_type = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+    // Without one, the bytes are taken as what they are to HTTP, octets
+    // (RFC 9110, 8.3); one that is not text is refused below.
+    let content_type = match req.headers().get(header::CONTENT_TYPE) {
+        None => "application/octet-stream",
+        Some(v) => v.to_str().unwrap_or(""),
+    }
+    .to_string();
     // Before the body is read (the engine checks it as well).
     tarn_engine::check_content_type(&content_type)?;
     let declared = req

@@ -60,7 +60,8 @@ fn feed_query(
         let dup = || ApiError::invalid(format!("{k} is given twice"));
         match (k.as_str(), limit.as_deref_mut()) {
             ("since", _) if since.is_some() => return Err(dup()),
-            ("since", _) => since = Some(v),
+            // Empty: from the current end, as without it.
+            ("since", _) => since = Some(v).filter(|c| !c.is_empty()),
             ("kind", _) if kind.is_some() => return Err(dup()),
             ("kind", _) if !tarn_engine::is_valid_name(&v) => {
                 return Err(ApiError::invalid(format!("kind {v:?} is not a valid kind")))

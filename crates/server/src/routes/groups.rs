@@ -163,7 +163,7 @@ pub async fn members(
 ) -> ApiResult<Response> {
     let page = s
         .engine
-        .list_members(&auth.caller, &id, q.limit(), q.cursor.as_deref())
+        .list_members(&auth.caller, &id, q.limit(), q.cursor())
         .await?;
     Ok(reply(
         StatusCode::OK,

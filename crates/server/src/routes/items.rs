@@ -383,7 +383,8 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ListParams {
                         })?)
                 }
                 "cursor" if q.cursor.is_some() => return Err(dup()),
-                "cursor" => q.cursor = Some(v),
+                // Empty: the first page (`cursor=${next ?? ''}`).
+                "cursor" => q.cursor = Some(v).filter(|c| !c.is_empty()),
                 // A link key opens its one item, never a listing: taken
                 // (clients send it everywhere) and ignored.
                 "key" => {}

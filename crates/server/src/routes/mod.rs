@@ -89,6 +89,11 @@ impl PageQuery {
     fn limit(&self) -> usize {
         self.limit.map_or(50, |n| n as usize)
     }
+
+    /// Where the page starts: an empty cursor is the first page.
+    fn cursor(&self) -> Option<&str> {
+        self.cursor.as_deref().filter(|c| !c.is_empty())
+    }
 }
 
 /// A response of JSON written by hand ([`crate::json::WriteJson`]).

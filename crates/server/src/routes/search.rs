@@ -107,7 +107,8 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SearchParams {
                         })?)
                 }
                 "cursor" if p.cursor.is_some() => return Err(dup()),
-                "cursor" => p.cursor = Some(v),
+                // Empty: the first page (`cursor=${next ?? ''}`).
+                "cursor" => p.cursor = Some(v).filter(|c| !c.is_empty()),
                 // A link key opens its one item, never a search: taken
                 // (clients send it everywhere) and ignored.
                 "key" => {}

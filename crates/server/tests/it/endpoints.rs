@@ -732,13 +732,11 @@ async fn bodies_with_ranges() {
     let body_path = format!("/api/v1/items/{id}/body");
     app.get(&body_path, None).await.expect(404);
     let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
-    let req = Request::builder()
-        .method(Method::PUT)
-        .uri(&body_path)
-        .header("authorization", format!("Bearer {alice}"))
-        .body(Body::from(data.clone()))
-        .unwrap();
-    app.raw(req).await.expect(400);
+    let r = app
+        .put_body(Some(&alice), &body_path, data.clone(), "pdf")
+        .await
+        .expect(400);
+    assert_eq!(r.json()["type"], "invalid-input");
     let r = app
         .put_body(None, &body_path, data.clone(), "application/pdf")
         .await
@@ -827,6 +825,18 @@ async fn bodies_with_ranges() {
         .expect(200);
     assert_eq!(r.json()["version"], 3);
     assert_eq!(app.get(&body_path, None).await.expect(200).bytes, b"v2");
+    // Bytes sent without a Content-Type are taken as octets (RFC 9110, 8.3).
+    let req = Request::builder()
+        .method(Method::PUT)
+        .uri(&body_path)
+        .header("authorization", format!("Bearer {alice}"))
+        .body(Body::from(b"v3".to_vec()))
+        .unwrap();
+    let r = app.raw(req).await.expect(200);
+    assert_eq!(r.json()["body"]["contentType"], "application/octet-stream");
+    let r = app.get(&body_path, None).await.expect(200);
+    assert_eq!(r.bytes, b"v3");
+    assert_eq!(r.header("content-type"), Some("application/octet-stream"));
 }
 
 #[tokio::test]
@@ -1076,6 +1086,15 @@ async fn listings_indexes_and_cursors() {
         .expect(200)
         .json();
     assert_eq!(names(&r).len(), 5);
+    // An empty cursor (`cursor=${next ?? ''}`) is the first page.
+    let first = list(
+        "scope=mine&kind=user-home&cursor=".into(),
+        Some(alice.clone()),
+    )
+    .await
+    .expect(200)
+    .json();
+    assert_eq!(names(&first), names(&r));
     list("scope=mine".into(), None).await.expect(401);
     // Bad parameters.
     for q in [
@@ -1808,6 +1827,16 @@ async fn cursors_of_one_route_are_refused_by_another() {
         app.get(&format!("{own}{sep}{param}={cursor}"), Some(&alice))
             .await
             .expect(200);
+        // Empty, it is none: the first page (the feed's current end).
+        let empty = app
+            .get(&format!("{own}{sep}{param}="), Some(&alice))
+            .await
+            .expect(200)
+            .json();
+        if !own.starts_with("/api/v1/changes") {
+            let first = app.get(own, Some(&alice)).await.expect(200).json();
+            assert_eq!(empty, first, "{own}");
+        }
         for (other, _) in cursors.iter().filter(|(o, _)| o != own) {
             let sep = if other.contains('?') { '&' } else { '?' };
             let param = if other.starts_with("/api/v1/changes") {
