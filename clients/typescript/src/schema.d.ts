@@ -285,9 +285,10 @@ export interface paths {
         get: operations["getBody"];
         /**
          * Upload the body, streamed (editors)
-         * @description The bytes are stored with the request's `Content-Type` (required, at
-         *     most 255 bytes), which downloads answer with. A large body never sits
-         *     whole in memory.
+         * @description The bytes are stored with the request's `Content-Type` (at most 255
+         *     bytes; without one, `application/octet-stream`), which downloads answer
+         *     with. No bytes make an empty body. A large body never sits whole in
+         *     memory.
          */
         put: operations["putBody"];
         post?: never;
@@ -2622,7 +2623,7 @@ export interface operations {
             cookie?: never;
         };
         /** @description The bytes. Any Content-Type is taken: it is stored and downloads answer with it; without one, `application/octet-stream` */
-        requestBody: {
+        requestBody?: {
             content: {
                 "application/octet-stream": components["schemas"]["Bytes"];
             };

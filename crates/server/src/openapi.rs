@@ -132,6 +132,16 @@ fn refine(doc: &mut Document) {
             }
         }
     }
+    // No bytes are an empty body: an upload's bytes may be left out.
+    if let Some(RefOr::T(body)) = doc
+        .paths
+        .paths
+        .get_mut("/api/v1/items/{id}/body")
+        .and_then(|item| item.put.as_mut())
+        .and_then(|op| op.request_body.as_mut())
+    {
+        body.required = None;
+    }
     let schemas = &mut doc.components.get_or_insert_with(Default::default).schemas;
     if let Some(RefOr::T(Schema::Object(declaration))) = schemas.get_mut("IndexDeclaration") {
         let extensions = declaration.extensions.get_or_insert_with(Default::default);

@@ -22,9 +22,10 @@ use crate::AppState;
 
 /// Upload the body, streamed (editors)
 ///
-/// The bytes are stored with the request's `Content-Type` (required, at
-/// most 255 bytes), which downloads answer with. A large body never sits
-/// whole in memory.
+/// The bytes are stored with the request's `Content-Type` (at most 255
+/// bytes; without one, `application/octet-stream`), which downloads answer
+/// with. No bytes make an empty body. A large body never sits whole in
+/// memory.
 #[utoipa::path(
     put, path = "/api/v1/items/{id}/body", tag = "bodies", operation_id = "putBody",
     security((), ("bearer" = [])),
