@@ -212,6 +212,24 @@ fn move_aside(def: &IndexDef, b: &mut Batch) -> Task {
 /// The fields every item has outside its properties.
 const BUILT_IN_FIELDS: [&str; 3] = ["createdAt", "modifiedAt", "createdBy"];
 
+/// A field as indexes keep it: a path into the properties may be written
+/// with `properties.` before it (`properties.title` is `title`), as "dot
+/// paths into properties" reads either way. Only a built-in's name and
+/// `$body` keep it: `properties.createdAt` is no built-in field.
+pub fn canonical_field(field: &str) -> &str {
+    match field.strip_prefix("properties.") {
+        Some(rest)
+            if !rest.is_empty()
+                && rest != "kind"
+                && rest != "$body"
+                && !BUILT_IN_FIELDS.contains(&rest) =>
+        {
+            rest
+        }
+        _ => field,
+    }
+}
+
 /// Refuses where and sort fields no index could have: too many, or one
 /// that is not a field.
 pub(crate) fn check_fields<'a>(fields: impl Iterator<Item = &'a String>) -> Result<()> {
@@ -647,6 +665,22 @@ impl Engine {
         text: Vec<TextField>,
         language: Option<String>,
     ) -> Result<(IndexDef, bool)> {
+        let canonical = |f: &String| canonical_field(f).to_string();
+        let where_: Vec<String> = where_.iter().map(canonical).collect();
+        let sort: Vec<SortField> = sort
+            .into_iter()
+            .map(|s| SortField {
+                field: canonical(&s.field),
+                order: s.order,
+            })
+            .collect();
+        let text: Vec<TextField> = text
+            .into_iter()
+            .map(|t| TextField {
+                field: canonical(&t.field),
+                weight: t.weight,
+            })
+            .collect();
         let (def, created, aside) = self
             .retrying(|| async {
                 // Who asks first: an anonymous caller is told 401, a user

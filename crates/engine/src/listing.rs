@@ -527,6 +527,7 @@ fn shared_plan(defs: &[IndexDef], sort: &[SortField]) -> Result<Plan> {
 pub(crate) fn where_fields(given: &[(String, Value)]) -> Result<BTreeMap<String, Value>> {
     let mut fields = BTreeMap::new();
     for (f, v) in given {
+        let f = &crate::indexes::canonical_field(f).to_string();
         // `kind` is the listing's kind, never a where field.
         crate::indexes::check_fields(std::iter::once(f))?;
         let v = match (f.as_str(), v) {
@@ -653,7 +654,13 @@ impl Engine {
                 order: Order::Desc,
             }]
         } else {
-            q.sort.clone()
+            q.sort
+                .iter()
+                .map(|s| SortField {
+                    field: crate::indexes::canonical_field(&s.field).to_string(),
+                    order: s.order,
+                })
+                .collect()
         };
         let key = self.cursor_key().await?;
         self.retrying(|| self.list_once(caller, q, fields.clone(), &sort, key))

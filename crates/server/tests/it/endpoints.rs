@@ -2113,3 +2113,70 @@ async fn optional_fields_given_as_null_are_left_out() {
     .await
     .expect(400);
 }
+
+/// "Dot paths into properties" read either way: `properties.title` is
+/// `title`, in declarations, sorts, where values and text fields alike
+/// (a text index on `properties.title` indexed nothing, and a sort by
+/// `properties.n` sorted by a field no item had).
+#[tokio::test]
+async fn fields_may_name_properties_first() {
+    let app = TestApp::new().await;
+    let alice = app.user("alice").await;
+    let admin = app.admin().await;
+    for (n, team, title) in [
+        (2, "red", "green tea"),
+        (1, "red", "black tea"),
+        (3, "blue", "green kettle"),
+    ] {
+        let props = json!({"n": n, "team": team, "title": title});
+        app.item(&alice, "doc", props, json!([])).await;
+    }
+    let decl = json!({"kind": "doc", "where": ["properties.team"],
+                      "sort": [{"field": "properties.n", "order": "asc"}]});
+    let r = app
+        .call(
+            Method::PUT,
+            "/api/v1/indexes/doc-by-n",
+            Some(&admin),
+            Some(decl),
+        )
+        .await
+        .expect(201)
+        .json();
+    assert_eq!(r["where"], json!(["team"]));
+    assert_eq!(r["sort"][0]["field"], "n");
+    app.wait_index(&admin, "doc-by-n").await;
+    for q in [
+        "where.team=red&sort=n",
+        "where.properties.team=red&sort=properties.n",
+    ] {
+        let r = app
+            .get(&format!("/api/v1/items?kind=doc&{q}"), Some(&alice))
+            .await
+            .expect(200)
+            .json();
+        let ns: Vec<&Value> = r["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| &i["properties"]["n"])
+            .collect();
+        assert_eq!(ns, vec![&json!(1), &json!(2)], "{q}");
+    }
+    let text = json!({"kind": "doc", "text": [{"field": "properties.title"}]});
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/doc-text",
+        Some(&admin),
+        Some(text),
+    )
+    .await
+    .expect(201);
+    app.wait_index(&admin, "doc-text").await;
+    let r = app
+        .get("/api/v1/search?q=green&kind=doc", Some(&alice))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(r["items"].as_array().unwrap().len(), 2, "{r}");
+}
