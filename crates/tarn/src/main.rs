@@ -329,9 +329,15 @@ fn main() -> anyhow::Result<()> {
             // Keys sorted: some of the document's maps are hash maps, and
             // clients/typescript's staleness check compares bytes.
             let doc = sorted_keys(serde_json::to_value(tarn_server::openapi::document())?);
-            serde_json::to_writer_pretty(&mut out, &doc)?;
-            out.write_all(b"\n")?;
-            Ok(())
+            let written = serde_json::to_writer_pretty(&mut out, &doc)
+                .map_err(std::io::Error::from)
+                .and_then(|()| out.write_all(b"\n"));
+            match written {
+                // A reader that stopped early (`tarn openapi | head`) had
+                // what it wanted.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                other => Ok(other?),
+            }
         }
     }
 }

@@ -783,3 +783,30 @@ fn a_host_name_is_listened_on() {
     terminate(&child);
     assert!(wait_exit(&mut child).success());
 }
+
+/// `tarn openapi | head`: a reader that stops early ends the command
+/// quietly, with success, not with "Broken pipe".
+#[test]
+fn openapi_to_a_reader_that_stops_early_succeeds() {
+    let mut child = Command::new(TARN)
+        .arg("openapi")
+        .env("RUST_BACKTRACE", "0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    assert!(first.starts_with(b"{"), "{first:?}");
+    // The pipe's read end is closed here, the document far from written.
+    let status = wait_exit(&mut child);
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "{status:?}: {err}");
+    assert!(err.is_empty(), "{err}");
+}
