@@ -617,10 +617,12 @@ export interface components {
              */
             resync?: boolean;
         };
-        /** @description Opaque: the `next` of the previous page; empty is the same as none */
+        /** @description Opaque: the `next` of the previous page */
         Cursor: string;
         /** @description createdAt, modifiedAt, createdBy, or a dot path into properties (kind is implied by the index's kind) */
         FieldName: string;
+        /** @description Opaque: the `next` of the previous page; empty is the same as none */
+        GivenCursor: string;
         /** @description One entry of an ACL. */
         Grant: {
             /** @description Who. */
@@ -928,8 +930,7 @@ export interface components {
         SortField: {
             /** @description `createdAt`, `modifiedAt`, `createdBy` or a dot path into `properties`. */
             field: components["schemas"]["FieldName"];
-            /** @description Its order; `asc` when left out. */
-            order?: components["schemas"]["Order"];
+            order?: components["schemas"]["Order"] | null;
         };
         /** @description One field of a text index. */
         TextField: {
@@ -975,7 +976,7 @@ export interface operations {
                  * @description A cursor (a change's, or a page's `next`); without it, the current
                  *     end: no changes, and the cursor to poll from.
                  */
-                since?: components["schemas"]["Cursor"];
+                since?: components["schemas"]["GivenCursor"];
                 /** @description Only changes of items of this kind. */
                 kind?: components["schemas"]["Name"];
                 /** @description The most changes returned. */
@@ -1045,7 +1046,7 @@ export interface operations {
                  * @description A cursor to resume after (or the `Last-Event-ID` header, which wins);
                  *     without either, from now.
                  */
-                since?: components["schemas"]["Cursor"];
+                since?: components["schemas"]["GivenCursor"];
                 /** @description Only changes of items of this kind. */
                 kind?: components["schemas"]["Name"];
             };
@@ -1444,7 +1445,7 @@ export interface operations {
                 /** @description Page size. */
                 limit?: number;
                 /** @description The `next` of the previous page. */
-                cursor?: components["schemas"]["Cursor"];
+                cursor?: components["schemas"]["GivenCursor"];
             };
             header?: never;
             path: {
@@ -1973,7 +1974,7 @@ export interface operations {
                 /** @description Page size. */
                 limit?: number;
                 /** @description The `next` of the previous page. */
-                cursor?: components["schemas"]["Cursor"];
+                cursor?: components["schemas"]["GivenCursor"];
                 /**
                  * @description Everything the caller may read (default), only what they created, or
                  *     only what others shared with them or their groups.
@@ -3007,7 +3008,7 @@ export interface operations {
                 /** @description Page size. */
                 limit?: number;
                 /** @description The `next` of the previous page. */
-                cursor?: components["schemas"]["Cursor"];
+                cursor?: components["schemas"]["GivenCursor"];
             };
             header?: never;
             path?: never;

@@ -214,20 +214,58 @@ const BUILT_IN_FIELDS: [&str; 3] = ["createdAt", "modifiedAt", "createdBy"];
 
 /// A field as indexes keep it: a path into the properties may be written
 /// with `properties.` before it (`properties.title` is `title`), as "dot
-/// paths into properties" reads either way. Only a built-in's name and
-/// `$body` keep it: `properties.createdAt` is no built-in field.
-pub fn canonical_field(field: &str) -> &str {
+/// paths into properties" reads either way. A property named like a field
+/// that is not one (`properties.createdAt`, `.kind`, `.$body`) is refused:
+/// the name is the built-in's. [`written_field`] is its inverse.
+pub(crate) fn canonical_field(field: &str) -> Result<&str> {
     match field.strip_prefix("properties.") {
-        Some(rest)
-            if !rest.is_empty()
-                && rest != "kind"
-                && rest != "$body"
-                && !BUILT_IN_FIELDS.contains(&rest) =>
-        {
-            rest
+        Some(rest) if rest == "kind" || rest == "$body" || BUILT_IN_FIELDS.contains(&rest) => {
+            Err(EngineError::InvalidInput(format!(
+                "field {field:?}: a property named {rest} cannot be indexed, {rest} is the built-in field"
+            )))
         }
-        _ => field,
+        Some(rest) if !rest.is_empty() => Ok(rest),
+        _ => Ok(field),
     }
+}
+
+/// A field as a client writes it, so that writing it back names the same
+/// field: a path whose first part is `properties` reads back with
+/// `properties.` before it (`properties.properties.x`).
+pub fn written_field(field: &str) -> std::borrow::Cow<'_, str> {
+    if field.starts_with("properties.") {
+        std::borrow::Cow::Owned(format!("properties.{field}"))
+    } else {
+        std::borrow::Cow::Borrowed(field)
+    }
+}
+
+/// A declaration's fields as indexes keep them ([`canonical_field`]).
+fn canonical_fields(
+    where_: &[String],
+    sort: &[SortField],
+    text: &[TextField],
+) -> Result<(Vec<String>, Vec<SortField>, Vec<TextField>)> {
+    let canonical = |f: &str| canonical_field(f).map(str::to_string);
+    Ok((
+        where_.iter().map(|f| canonical(f)).collect::<Result<_>>()?,
+        sort.iter()
+            .map(|s| {
+                Ok(SortField {
+                    field: canonical(&s.field)?,
+                    order: s.order,
+                })
+            })
+            .collect::<Result<_>>()?,
+        text.iter()
+            .map(|t| {
+                Ok(TextField {
+                    field: canonical(&t.field)?,
+                    weight: t.weight,
+                })
+            })
+            .collect::<Result<_>>()?,
+    ))
 }
 
 /// Refuses where and sort fields no index could have: too many, or one
@@ -665,27 +703,12 @@ impl Engine {
         text: Vec<TextField>,
         language: Option<String>,
     ) -> Result<(IndexDef, bool)> {
-        let canonical = |f: &String| canonical_field(f).to_string();
-        let where_: Vec<String> = where_.iter().map(canonical).collect();
-        let sort: Vec<SortField> = sort
-            .into_iter()
-            .map(|s| SortField {
-                field: canonical(&s.field),
-                order: s.order,
-            })
-            .collect();
-        let text: Vec<TextField> = text
-            .into_iter()
-            .map(|t| TextField {
-                field: canonical(&t.field),
-                weight: t.weight,
-            })
-            .collect();
         let (def, created, aside) = self
             .retrying(|| async {
                 // Who asks first: an anonymous caller is told 401, a user
                 // 403, whatever the declaration.
                 let defs = self.admin_defs(caller).await?;
+                let (where_, sort, text) = canonical_fields(&where_, &sort, &text)?;
                 check_declaration(name, kind, &where_, &sort, &text, language.as_deref())?;
                 let mut b = Batch::new();
                 let mut aside = None;

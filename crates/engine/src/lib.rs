@@ -47,7 +47,7 @@ pub use bodies::{check_content_type, media_essence, BodyRange, BodyReader, BodyU
 pub use changes::{Change, ChangeOp, ChangePage, Event, Subscription, POLL};
 pub use error::{EngineError, Result};
 pub use groups::MemberPage;
-pub use indexes::{IndexDef, IndexState, SortField, TextField};
+pub use indexes::{written_field, IndexDef, IndexState, SortField, TextField};
 pub use items::{FOREIGN_TAG, WEAK_TAG};
 pub use keys::Order;
 pub use listing::{ListQuery, Page, Scope};
@@ -124,7 +124,8 @@ pub struct EngineConfig {
     /// password changes) apart; past it they are answered `unavailable` at
     /// once instead of queueing for seconds. By default 64 a hasher: about
     /// 0.8 s of hashing at 12 ms a hash, so a burst of a few dozen sign-ups
-    /// (a class joining at once) is served, not refused.
+    /// (a class joining at once) is served, not refused; with both queues
+    /// full a sign-in waits up to 128 hashes a hasher (about 1.5 s).
     pub password_queue: usize,
     /// The longest a slowed sign-in waits ([`throttle::sign_in_delay`]).
     pub max_sign_in_delay: std::time::Duration,

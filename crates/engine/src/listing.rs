@@ -490,10 +490,14 @@ fn suggest(
     // serves), the advice is for the kind the caller means to list.
     let kind = kind.unwrap_or("<kind>");
     let name = crate::indexes::free_name(defs, &format!("{kind}{rest}"));
+    let written = crate::indexes::written_field;
     let declare = json!({
         "kind": kind,
-        "where": where_,
-        "sort": sort,
+        "where": where_.iter().map(|f| written(f)).collect::<Vec<_>>(),
+        "sort": sort
+            .iter()
+            .map(|s| json!({"field": written(&s.field), "order": s.order}))
+            .collect::<Vec<_>>(),
     });
     (name, declare.to_string())
 }
@@ -527,7 +531,7 @@ fn shared_plan(defs: &[IndexDef], sort: &[SortField]) -> Result<Plan> {
 pub(crate) fn where_fields(given: &[(String, Value)]) -> Result<BTreeMap<String, Value>> {
     let mut fields = BTreeMap::new();
     for (f, v) in given {
-        let f = &crate::indexes::canonical_field(f).to_string();
+        let f = &crate::indexes::canonical_field(f)?.to_string();
         // `kind` is the listing's kind, never a where field.
         crate::indexes::check_fields(std::iter::once(f))?;
         let v = match (f.as_str(), v) {
@@ -656,11 +660,13 @@ impl Engine {
         } else {
             q.sort
                 .iter()
-                .map(|s| SortField {
-                    field: crate::indexes::canonical_field(&s.field).to_string(),
-                    order: s.order,
+                .map(|s| {
+                    Ok(SortField {
+                        field: crate::indexes::canonical_field(&s.field)?.to_string(),
+                        order: s.order,
+                    })
                 })
-                .collect()
+                .collect::<Result<_>>()?
         };
         let key = self.cursor_key().await?;
         self.retrying(|| self.list_once(caller, q, fields.clone(), &sort, key))

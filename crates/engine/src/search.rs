@@ -1107,12 +1107,21 @@ fn choose(
             && kind.is_some()
             && d.kind.as_deref() == kind
     }) {
-        Some(d) => serde_json::to_value(&d.text).unwrap_or_default(),
+        Some(d) => d
+            .text
+            .iter()
+            .map(|t| {
+                serde_json::json!({"field": crate::indexes::written_field(&t.field), "weight": t.weight})
+            })
+            .collect(),
         None => serde_json::json!([{"field": "title", "weight": 3}, {"field": "description"}]),
     };
     let declare = serde_json::json!({
         "kind": k,
-        "where": fields.keys().collect::<Vec<_>>(),
+        "where": fields
+            .keys()
+            .map(|f| crate::indexes::written_field(f))
+            .collect::<Vec<_>>(),
         "text": text,
     });
     Err(EngineError::NoIndex {

@@ -136,11 +136,28 @@ impl PartialSchema for Bytes {
 
 impl ToSchema for Bytes {}
 
-/// The schema of cursors ([`CURSOR`]); an empty one, given, is read as
-/// none (the first page, or the feed's current end).
+/// The schema of cursors ([`CURSOR`]) as the server gives them.
 pub struct Cursor;
 
 impl PartialSchema for Cursor {
+    fn schema() -> RefOr<Schema> {
+        let RefOr::T(Schema::Object(mut cursor)) = string_schema(
+            CURSOR,
+            Some(CURSOR_CHARS),
+            "Opaque: the `next` of the previous page",
+        ) else {
+            unreachable!("an object schema")
+        };
+        cursor.min_length = Some(1);
+        RefOr::T(Schema::Object(cursor))
+    }
+}
+
+/// The schema of a cursor a client gives back ([`CURSOR`]): empty, it is
+/// read as none (the first page, or the feed's current end).
+pub struct GivenCursor;
+
+impl PartialSchema for GivenCursor {
     fn schema() -> RefOr<Schema> {
         string_schema(
             CURSOR,
@@ -149,6 +166,8 @@ impl PartialSchema for Cursor {
         )
     }
 }
+
+impl ToSchema for GivenCursor {}
 
 impl ToSchema for Cursor {}
 
@@ -795,8 +814,9 @@ pub struct SortField {
     /// `createdAt`, `modifiedAt`, `createdBy` or a dot path into `properties`.
     #[schema(value_type = FieldName)]
     pub field: String,
-    /// Its order; `asc` when left out.
-    #[serde(default)]
+    /// Its order; `asc` when left out (or `null`).
+    #[serde(default, deserialize_with = "null_as_absent")]
+    #[schema(nullable = true)]
     pub order: Order,
 }
 
@@ -815,7 +835,7 @@ impl From<SortField> for tarn_engine::SortField {
 impl From<&tarn_engine::SortField> for SortField {
     fn from(s: &tarn_engine::SortField) -> SortField {
         SortField {
-            field: s.field.clone(),
+            field: tarn_engine::written_field(&s.field).into_owned(),
             order: match s.order {
                 tarn_engine::Order::Asc => Order::Asc,
                 tarn_engine::Order::Desc => Order::Desc,
@@ -890,7 +910,7 @@ impl From<TextField> for tarn_engine::TextField {
 impl From<&tarn_engine::TextField> for TextField {
     fn from(t: &tarn_engine::TextField) -> TextField {
         TextField {
-            field: t.field.clone(),
+            field: tarn_engine::written_field(&t.field).into_owned(),
             weight: t.weight,
         }
     }
@@ -975,7 +995,7 @@ pub struct Index<'a> {
     pub kind: Option<&'a str>,
     /// Fields a listing gives equality values for.
     #[serde(rename = "where")]
-    pub where_: &'a [String],
+    pub where_: Vec<std::borrow::Cow<'a, str>>,
     /// Fields the listing is sorted by (empty for a text index).
     pub sort: Vec<SortField>,
     /// A text index's fields.
@@ -1003,7 +1023,11 @@ impl<'a> Index<'a> {
         Some(Index {
             name: &d.name,
             kind: d.kind.as_deref(),
-            where_: &d.where_,
+            where_: d
+                .where_
+                .iter()
+                .map(|f| tarn_engine::written_field(f))
+                .collect(),
             sort: d.sort.iter().map(SortField::from).collect(),
             text: d
                 .is_text()

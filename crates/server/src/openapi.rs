@@ -19,7 +19,9 @@ use utoipa::openapi::{OpenApi as Document, RefOr};
 use utoipa::{Modify, OpenApi};
 
 use crate::error::Problem;
-use crate::json::{Cursor, Id, IndexDeclaration, IndexName, MemberName, Name, PrincipalName};
+use crate::json::{
+    Cursor, GivenCursor, Id, IndexDeclaration, IndexName, MemberName, Name, PrincipalName,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -29,7 +31,16 @@ use crate::json::{Cursor, Id, IndexDeclaration, IndexName, MemberName, Name, Pri
     ),
     // Schemas that parameters name: utoipa collects only the schemas of
     // bodies.
-    components(schemas(Problem, Name, PrincipalName, MemberName, IndexName, Id, Cursor)),
+    components(schemas(
+        Problem,
+        Name,
+        PrincipalName,
+        MemberName,
+        IndexName,
+        Id,
+        Cursor,
+        GivenCursor
+    )),
     modifiers(&Security),
     tags(
         (name = "system", description = "Health, metrics and this document"),

@@ -53,7 +53,8 @@ pub async fn put(
     req: Request,
 ) -> ApiResult<Response> {
     // Without one, the bytes are taken as what they are to HTTP, octets
-    // (RFC 9110, 8.3); one that is not text is refused below.
+    // (RFC 9110, 8.3); one given empty, not ASCII or not a media type is
+    // refused below.
     let content_type = match req.headers().get(header::CONTENT_TYPE) {
         None => "application/octet-stream",
         Some(v) => v.to_str().unwrap_or(""),

@@ -16,7 +16,7 @@ use crate::error::{
     ApiError, ApiResult, BadRequest, Gone, ServiceUnavailable, TooManyRequests, Unauthorized,
 };
 use crate::extract::{serde_urlencoded_pairs, Auth, ClientAddr};
-use crate::json::{self, Cursor, Name};
+use crate::json::{self, GivenCursor, Name};
 use crate::routes::reply;
 use crate::AppState;
 
@@ -26,7 +26,7 @@ use crate::AppState;
 pub struct ChangesParams {
     /// A cursor (a change's, or a page's `next`); without it, the current
     /// end: no changes, and the cursor to poll from.
-    #[param(value_type = Cursor, required = false)]
+    #[param(value_type = GivenCursor, required = false)]
     since: Option<String>,
     /// Only changes of items of this kind.
     #[param(value_type = Name, required = false)]
@@ -42,7 +42,7 @@ pub struct ChangesParams {
 pub struct EventsParams {
     /// A cursor to resume after (or the `Last-Event-ID` header, which wins);
     /// without either, from now.
-    #[param(value_type = Cursor, required = false)]
+    #[param(value_type = GivenCursor, required = false)]
     since: Option<String>,
     /// Only changes of items of this kind.
     #[param(value_type = Name, required = false)]
@@ -50,7 +50,7 @@ pub struct EventsParams {
 }
 
 /// Parses a feed query: `since`, `kind` and, when `limit` is `Some`,
-/// `limit`; each at most once.
+/// `limit`; each at most once, an empty `since` too.
 fn feed_query(
     parts: &Parts,
     mut limit: Option<&mut Option<u32>>,
@@ -60,8 +60,7 @@ fn feed_query(
         let dup = || ApiError::invalid(format!("{k} is given twice"));
         match (k.as_str(), limit.as_deref_mut()) {
             ("since", _) if since.is_some() => return Err(dup()),
-            // Empty: from the current end, as without it.
-            ("since", _) => since = Some(v).filter(|c| !c.is_empty()),
+            ("since", _) => since = Some(v),
             ("kind", _) if kind.is_some() => return Err(dup()),
             ("kind", _) if !tarn_engine::is_valid_name(&v) => {
                 return Err(ApiError::invalid(format!("kind {v:?} is not a valid kind")))
@@ -79,7 +78,8 @@ fn feed_query(
             (other, _) => return Err(ApiError::invalid(format!("unknown parameter {other}"))),
         }
     }
-    Ok((since, kind))
+    // Empty: from the current end, as without it (`since=${next ?? ''}`).
+    Ok((since.filter(|c| !c.is_empty()), kind))
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ChangesParams {

@@ -14,7 +14,7 @@ use crate::error::{
     PreconditionFailed, ServiceUnavailable, Unauthorized, UnsupportedMediaType,
 };
 use crate::extract::{serde_urlencoded_pairs, Auth, IfMatch, JsonBody, LinkKey, Path};
-use crate::json::{self, Cursor, Id, Name};
+use crate::json::{self, GivenCursor, Id, Name};
 use crate::routes::{reply, reply_written};
 use crate::AppState;
 
@@ -305,7 +305,7 @@ pub struct ListParams {
     #[param(minimum = 1, maximum = 1000, default = 50)]
     limit: Option<u32>,
     /// The `next` of the previous page.
-    #[param(value_type = Cursor, required = false)]
+    #[param(value_type = GivenCursor, required = false)]
     cursor: Option<String>,
     /// Everything the caller may read (default), only what they created, or
     /// only what others shared with them or their groups.
@@ -383,8 +383,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ListParams {
                         })?)
                 }
                 "cursor" if q.cursor.is_some() => return Err(dup()),
-                // Empty: the first page (`cursor=${next ?? ''}`).
-                "cursor" => q.cursor = Some(v).filter(|c| !c.is_empty()),
+                "cursor" => q.cursor = Some(v),
                 // A link key opens its one item, never a listing: taken
                 // (clients send it everywhere) and ignored.
                 "key" => {}
@@ -405,6 +404,8 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ListParams {
                 },
             }
         }
+        // Empty: the first page (`cursor=${next ?? ''}`).
+        q.cursor = q.cursor.filter(|c| !c.is_empty());
         Ok(q)
     }
 }

@@ -20,7 +20,7 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::json::Cursor;
+use crate::json::GivenCursor;
 use crate::AppState;
 
 /// The routes and their document (see [`crate::openapi`] for the rest of
@@ -80,7 +80,7 @@ pub struct PageQuery {
     #[param(minimum = 1, maximum = 1000, default = 50)]
     limit: Option<u32>,
     /// The `next` of the previous page.
-    #[param(value_type = Cursor, required = false)]
+    #[param(value_type = GivenCursor, required = false)]
     cursor: Option<String>,
 }
 

@@ -13,7 +13,7 @@ use crate::error::{
     ApiError, ApiResult, BadRequest, PayloadTooLarge, ServiceUnavailable, Unauthorized,
 };
 use crate::extract::{serde_urlencoded_pairs, Auth};
-use crate::json::{self, Cursor, Name};
+use crate::json::{self, GivenCursor, Name};
 use crate::routes::items::where_value;
 use crate::routes::reply_written;
 use crate::AppState;
@@ -52,7 +52,7 @@ pub struct SearchParams {
     #[param(minimum = 1, maximum = 1000, default = 50)]
     limit: Option<u32>,
     /// The `next` of the previous page.
-    #[param(value_type = Cursor, required = false)]
+    #[param(value_type = GivenCursor, required = false)]
     cursor: Option<String>,
     /// `where.<field>` equalities.
     #[param(ignore)]
@@ -107,8 +107,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SearchParams {
                         })?)
                 }
                 "cursor" if p.cursor.is_some() => return Err(dup()),
-                // Empty: the first page (`cursor=${next ?? ''}`).
-                "cursor" => p.cursor = Some(v).filter(|c| !c.is_empty()),
+                "cursor" => p.cursor = Some(v),
                 // A link key opens its one item, never a search: taken
                 // (clients send it everywhere) and ignored.
                 "key" => {}
@@ -124,6 +123,8 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SearchParams {
             }
         }
         p.q = q.ok_or_else(|| ApiError::invalid("q names the words to find"))?;
+        // Empty: the first page (`cursor=${next ?? ''}`).
+        p.cursor = p.cursor.filter(|c| !c.is_empty());
         Ok(p)
     }
 }

@@ -1105,6 +1105,7 @@ async fn listings_indexes_and_cursors() {
         "kind=doc&scope=all",
         "kind=doc&bogus=1",
         "kind=doc&cursor=%21%21",
+        "kind=doc&cursor=&cursor=",
         "kind=doc&sort=",
     ] {
         let r = list(q.into(), None).await.expect(400);
@@ -2162,6 +2163,64 @@ async fn fields_may_name_properties_first() {
             .map(|i| &i["properties"]["n"])
             .collect();
         assert_eq!(ns, vec![&json!(1), &json!(2)], "{q}");
+    }
+    // A property named `properties` is `properties.properties`, and reads
+    // back so: the declaration a refusal names serves the listing.
+    let nested = json!({"properties": {"z": "deep"}, "title": "nested"});
+    app.item(&alice, "doc", nested, json!([])).await;
+    let r = app
+        .get(
+            "/api/v1/items?kind=doc&sort=properties.properties.z",
+            Some(&alice),
+        )
+        .await
+        .expect(400)
+        .json();
+    assert_eq!(r["type"], "no-index");
+    let detail = r["detail"].as_str().unwrap();
+    let (path, body) = detail
+        .split_once("PUT ")
+        .unwrap()
+        .1
+        .split_once(' ')
+        .unwrap();
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(
+        body["sort"][0]["field"], "properties.properties.z",
+        "{detail}"
+    );
+    let r = app
+        .call(Method::PUT, path, Some(&admin), Some(body.clone()))
+        .await
+        .expect(201)
+        .json();
+    assert_eq!(r["sort"][0]["field"], "properties.properties.z");
+    app.wait_index(&admin, r["name"].as_str().unwrap()).await;
+    app.call(Method::PUT, path, Some(&admin), Some(body))
+        .await
+        .expect(200);
+    let r = app
+        .get(
+            "/api/v1/items?kind=doc&sort=properties.properties.z",
+            Some(&alice),
+        )
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(r["items"][0]["properties"]["title"], "nested");
+    // A property named like a built-in field cannot be one.
+    for field in [
+        "properties.createdAt",
+        "properties.kind",
+        "properties.$body",
+    ] {
+        let decl = json!({"kind": "doc", "sort": [{"field": field}]});
+        let r = app
+            .call(Method::PUT, "/api/v1/indexes/odd", Some(&admin), Some(decl))
+            .await
+            .expect(400)
+            .json();
+        assert_eq!(r["type"], "invalid-input", "{field}");
     }
     let text = json!({"kind": "doc", "text": [{"field": "properties.title"}]});
     app.call(
