@@ -673,7 +673,7 @@ export interface components {
             /** @description Its name; built-ins start with `_`. */
             name: components["schemas"]["IndexName"];
             /** @description Fields the listing is sorted by (empty for a text index). */
-            sort: components["schemas"]["SortField"][];
+            sort: components["schemas"]["ShownSortField"][];
             /** @description Where it is in its life. */
             state: components["schemas"]["IndexState"];
             /** @description A text index's fields. */
@@ -918,6 +918,13 @@ export interface components {
             token: string;
             /** @description Who signed in. */
             user: components["schemas"]["User"];
+        };
+        /** @description One sort field of an index, as an index shows it. */
+        ShownSortField: {
+            /** @description `createdAt`, `modifiedAt`, `createdBy` or a dot path into `properties`. */
+            field: components["schemas"]["FieldName"];
+            /** @description Its order. */
+            order: components["schemas"]["Order"];
         };
         /** @description A sign-in. */
         SignIn: {

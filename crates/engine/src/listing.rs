@@ -530,8 +530,8 @@ fn shared_plan(defs: &[IndexDef], sort: &[SortField]) -> Result<Plan> {
 /// the epoch, as they are stored).
 pub(crate) fn where_fields(given: &[(String, Value)]) -> Result<BTreeMap<String, Value>> {
     let mut fields = BTreeMap::new();
-    for (f, v) in given {
-        let f = &crate::indexes::canonical_field(f)?.to_string();
+    for (written, v) in given {
+        let f = &crate::indexes::canonical_field(written)?.to_string();
         // `kind` is the listing's kind, never a where field.
         crate::indexes::check_fields(std::iter::once(f))?;
         let v = match (f.as_str(), v) {
@@ -550,9 +550,11 @@ pub(crate) fn where_fields(given: &[(String, Value)]) -> Result<BTreeMap<String,
             (_, v) => v.clone(),
         };
         if fields.insert(f.clone(), v).is_some() {
-            return Err(EngineError::InvalidInput(format!(
-                "where.{f} is given twice"
-            )));
+            return Err(EngineError::InvalidInput(if written == f {
+                format!("where.{f} is given twice")
+            } else {
+                format!("where.{written} is where.{f}, given twice")
+            }));
         }
     }
     Ok(fields)

@@ -832,9 +832,19 @@ impl From<SortField> for tarn_engine::SortField {
     }
 }
 
-impl From<&tarn_engine::SortField> for SortField {
-    fn from(s: &tarn_engine::SortField) -> SortField {
-        SortField {
+/// One sort field of an index, as an index shows it.
+#[derive(Serialize, ToSchema)]
+pub struct ShownSortField {
+    /// `createdAt`, `modifiedAt`, `createdBy` or a dot path into `properties`.
+    #[schema(value_type = FieldName)]
+    pub field: String,
+    /// Its order.
+    pub order: Order,
+}
+
+impl From<&tarn_engine::SortField> for ShownSortField {
+    fn from(s: &tarn_engine::SortField) -> ShownSortField {
+        ShownSortField {
             field: tarn_engine::written_field(&s.field).into_owned(),
             order: match s.order {
                 tarn_engine::Order::Asc => Order::Asc,
@@ -997,7 +1007,7 @@ pub struct Index<'a> {
     #[serde(rename = "where")]
     pub where_: Vec<std::borrow::Cow<'a, str>>,
     /// Fields the listing is sorted by (empty for a text index).
-    pub sort: Vec<SortField>,
+    pub sort: Vec<ShownSortField>,
     /// A text index's fields.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
@@ -1028,7 +1038,7 @@ impl<'a> Index<'a> {
                 .iter()
                 .map(|f| tarn_engine::written_field(f))
                 .collect(),
-            sort: d.sort.iter().map(SortField::from).collect(),
+            sort: d.sort.iter().map(ShownSortField::from).collect(),
             text: d
                 .is_text()
                 .then(|| d.text.iter().map(TextField::from).collect()),

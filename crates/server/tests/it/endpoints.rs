@@ -2164,6 +2164,18 @@ async fn fields_may_name_properties_first() {
             .collect();
         assert_eq!(ns, vec![&json!(1), &json!(2)], "{q}");
     }
+    let r = app
+        .get(
+            "/api/v1/items?kind=doc&where.team=red&where.properties.team=red&sort=n",
+            Some(&alice),
+        )
+        .await
+        .expect(400)
+        .json();
+    assert_eq!(
+        r["detail"], "where.properties.team is where.team, given twice",
+        "{r}"
+    );
     // A property named `properties` is `properties.properties`, and reads
     // back so: the declaration a refusal names serves the listing.
     let nested = json!({"properties": {"z": "deep"}, "title": "nested"});
