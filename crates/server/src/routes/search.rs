@@ -93,7 +93,9 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SearchParams {
                 }
                 "prefix" if p.prefix.is_some() => return Err(dup()),
                 "prefix" => {
-                    p.prefix = Some(match v.as_str() {
+                    // In any case: Python's `params={"prefix": True}` sends
+                    // `True`.
+                    p.prefix = Some(match v.to_ascii_lowercase().as_str() {
                         "true" => true,
                         "false" => false,
                         _ => return Err(ApiError::invalid("prefix is true or false")),

@@ -69,6 +69,9 @@ async fn search_over_http() {
     };
     assert_eq!(count("q=BREWED&kind=doc", &bob).await, 1);
     assert_eq!(count("q=gree&kind=doc&prefix=true", &bob).await, 1);
+    // As Python's `params={"prefix": True}` writes it.
+    assert_eq!(count("q=gree&kind=doc&prefix=True", &bob).await, 1);
+    assert_eq!(count("q=gree&kind=doc&prefix=False", &bob).await, 0);
     assert_eq!(count("q=gree&kind=doc", &bob).await, 0);
     // Typed past the stem: "brewin" is on its way to "brewing" ("brew").
     for typed in ["b", "br", "bre", "brew", "brewi", "brewin", "brewing"] {
