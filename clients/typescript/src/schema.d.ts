@@ -677,7 +677,7 @@ export interface components {
             /** @description Where it is in its life. */
             state: components["schemas"]["IndexState"];
             /** @description A text index's fields. */
-            text?: components["schemas"]["TextField"][];
+            text?: components["schemas"]["ShownTextField"][];
             /** @description Fields a listing gives equality values for. */
             where: string[];
         };
@@ -690,15 +690,18 @@ export interface components {
              * @enum {string|null}
              */
             language?: "arabic" | "danish" | "dutch" | "english" | "finnish" | "french" | "german" | "greek" | "hungarian" | "italian" | "norwegian" | "portuguese" | "romanian" | "russian" | "spanish" | "swedish" | "tamil" | "turkish" | "none" | null;
-            /** @description Fields the listing is sorted by (a sort index). */
-            sort?: components["schemas"]["SortField"][];
+            /**
+             * @description Fields the listing is sorted by (a sort index); none when left out
+             *     (or `null`).
+             */
+            sort?: components["schemas"]["SortField"][] | null;
             /**
              * @description Fields whose words a search finds (a text index, which has no
-             *     `sort`), each once.
+             *     `sort`), each once; none when left out (or `null`).
              */
-            text?: components["schemas"]["TextField"][];
-            /** @description Fields a listing gives equality values for, each once */
-            where?: components["schemas"]["FieldName"][];
+            text?: components["schemas"]["TextField"][] | null;
+            /** @description Fields a listing gives equality values for, each once; none when left out (or `null`) */
+            where?: components["schemas"]["FieldName"][] | null;
         } & ((unknown | {
             text?: unknown;
         } | unknown | {
@@ -926,6 +929,16 @@ export interface components {
             /** @description Its order. */
             order: components["schemas"]["Order"];
         };
+        /** @description One field of a text index, as an index shows it. */
+        ShownTextField: {
+            /** @description A dot path into `properties`, or `$body`. */
+            field: components["schemas"]["FieldName"];
+            /**
+             * Format: double
+             * @description How much its words count.
+             */
+            weight: number;
+        };
         /** @description A sign-in. */
         SignIn: {
             /** @description The password. */
@@ -948,10 +961,10 @@ export interface components {
             field: components["schemas"]["FieldName"];
             /**
              * Format: double
-             * @description How much its words count.
+             * @description How much its words count; 1 when left out (or `null`).
              * @default 1
              */
-            weight?: number;
+            weight?: number | null;
         };
         /** @description A user, as the user and administrators see it. */
         User: {

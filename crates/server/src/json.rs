@@ -857,11 +857,15 @@ impl From<&tarn_engine::SortField> for ShownSortField {
 /// The `where` of a declaration: at most 8 fields, each once.
 fn where_fields() -> ArrayBuilder {
     ArrayBuilder::new()
+        .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+            Type::Array,
+            Type::Null,
+        ]))
         .items(Ref::from_schema_name("FieldName"))
         .max_items(Some(8))
         .unique_items(true)
         .description(Some(
-            "Fields a listing gives equality values for, each once",
+            "Fields a listing gives equality values for, each once; none when left out (or `null`)",
         ))
 }
 
@@ -872,18 +876,20 @@ pub struct IndexDeclaration {
     /// The kind it serves.
     #[schema(value_type = Name)]
     pub kind: String,
-    /// Fields a listing gives equality values for, each once.
-    #[serde(default, rename = "where")]
+    /// Fields a listing gives equality values for, each once; none when
+    /// left out (or `null`).
+    #[serde(default, rename = "where", deserialize_with = "null_as_absent")]
     #[schema(schema_with = where_fields)]
     pub where_: Vec<String>,
-    /// Fields the listing is sorted by (a sort index).
-    #[serde(default)]
-    #[schema(max_items = 8)]
+    /// Fields the listing is sorted by (a sort index); none when left out
+    /// (or `null`).
+    #[serde(default, deserialize_with = "null_as_absent")]
+    #[schema(max_items = 8, nullable = true)]
     pub sort: Vec<SortField>,
     /// Fields whose words a search finds (a text index, which has no
-    /// `sort`), each once.
-    #[serde(default)]
-    #[schema(max_items = 8)]
+    /// `sort`), each once; none when left out (or `null`).
+    #[serde(default, deserialize_with = "null_as_absent")]
+    #[schema(max_items = 8, nullable = true)]
     pub text: Vec<TextField>,
     /// A text index's stemmer; `english` by default.
     #[schema(schema_with = language_schema)]
@@ -891,21 +897,26 @@ pub struct IndexDeclaration {
 }
 
 /// One field of a text index.
-#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TextField {
     /// A dot path into `properties` (strings or arrays of strings), or
     /// `$body` for a textual body (its first MiB).
     #[schema(value_type = FieldName)]
     pub field: String,
-    /// How much its words count.
-    #[serde(default = "one")]
-    #[schema(exclusive_minimum = 0, maximum = 100, default = 1)]
+    /// How much its words count; 1 when left out (or `null`).
+    #[serde(default = "one", deserialize_with = "null_as_one")]
+    #[schema(exclusive_minimum = 0, maximum = 100, default = 1, nullable = true)]
     pub weight: f64,
 }
 
 fn one() -> f64 {
     1.0
+}
+
+/// A weight given as `null` is the default one, as one left out.
+fn null_as_one<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or_else(one))
 }
 
 impl From<TextField> for tarn_engine::TextField {
@@ -917,9 +928,19 @@ impl From<TextField> for tarn_engine::TextField {
     }
 }
 
-impl From<&tarn_engine::TextField> for TextField {
-    fn from(t: &tarn_engine::TextField) -> TextField {
-        TextField {
+/// One field of a text index, as an index shows it.
+#[derive(Serialize, ToSchema)]
+pub struct ShownTextField {
+    /// A dot path into `properties`, or `$body`.
+    #[schema(value_type = FieldName)]
+    pub field: String,
+    /// How much its words count.
+    pub weight: f64,
+}
+
+impl From<&tarn_engine::TextField> for ShownTextField {
+    fn from(t: &tarn_engine::TextField) -> ShownTextField {
+        ShownTextField {
             field: tarn_engine::written_field(&t.field).into_owned(),
             weight: t.weight,
         }
@@ -1011,7 +1032,7 @@ pub struct Index<'a> {
     /// A text index's fields.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
-    pub text: Option<Vec<TextField>>,
+    pub text: Option<Vec<ShownTextField>>,
     /// A text index's stemmer.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
@@ -1041,7 +1062,7 @@ impl<'a> Index<'a> {
             sort: d.sort.iter().map(ShownSortField::from).collect(),
             text: d
                 .is_text()
-                .then(|| d.text.iter().map(TextField::from).collect()),
+                .then(|| d.text.iter().map(ShownTextField::from).collect()),
             language: d.language.as_deref(),
             state,
             builtin: d.kind.is_none(),

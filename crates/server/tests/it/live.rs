@@ -320,6 +320,19 @@ async fn search_over_http() {
     )
     .await
     .expect(400);
+    // `null` is a weight, `where`, `sort` or `language` left out: this is
+    // the declaration made above, so it is the same index.
+    app.call(
+        Method::PUT,
+        "/api/v1/indexes/doc-text",
+        Some(&admin),
+        Some(
+            json!({"kind": "doc", "where": null, "sort": null, "language": null,
+                    "text": [{"field": "title", "weight": 3}, {"field": "body", "weight": null}]}),
+        ),
+    )
+    .await
+    .expect(200);
     // One text index serves a kind's searches with given where fields: a
     // second would never be read.
     let r = app
