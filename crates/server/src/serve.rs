@@ -23,6 +23,8 @@
 //! `Connection: close`: hyper closes such a connection after the
 //! response, since the rest of the body stands where the next request
 //! would, and a client told nothing would send its next request on it.
+//! The connection lingers as it closes ([`crate::wire`]), so that a client
+//! still sending that body reads the answer instead of a reset.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -320,13 +322,16 @@ pub async fn serve(
         };
         let open = metrics.open_connection();
         let app = app.clone();
+        let linger = io.linger();
         let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
             req.extensions_mut().insert(ConnectInfo::<SocketAddr>(addr));
             let mut app = app.clone();
+            let linger = linger.clone();
             async move {
                 let (req, read) = ReadToEnd::wrap(req);
                 let mut res = app.call(req).await.unwrap_or_else(|e| match e {});
                 if !read.load(Ordering::Relaxed) {
+                    linger.store(true, Ordering::Relaxed);
                     res.headers_mut().insert(
                         axum::http::header::CONNECTION,
                         axum::http::HeaderValue::from_static("close"),

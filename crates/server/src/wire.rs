@@ -18,11 +18,25 @@
 //! after it. An item's body that holds a refusal's bytes is therefore
 //! served as it is, unless its own client sends more bytes while it
 //! streams, which only that client's own connection would see.
+//!
+//! A connection closed while its client may still be sending (a request
+//! refused before its body was read: `413`, or an upload refused before
+//! its bytes) lingers, as nginx's do: [`Wire`] sends its end of the
+//! connection, then reads and drops what the client still sends, until
+//! the client closes its end or [`LINGER`] has passed. Closed at once,
+//! the bytes still arriving would make the kernel reset the connection,
+//! and a reset throws away the answer the client has not read yet: a
+//! client that writes its whole body before reading (Python's `urllib`,
+//! Node's `fetch`) got a broken pipe instead of the `413`.
 
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -54,8 +68,13 @@ impl axum::serve::Listener for Listening {
     }
 }
 
+/// How long a closing connection whose client may still be sending
+/// reads and drops what it sends, at most.
+pub const LINGER: Duration = Duration::from_secs(5);
+
 /// A connection whose writes of hyper's bodiless refusals become problem
-/// JSON.
+/// JSON, and which lingers when it closes while its client may still be
+/// sending.
 pub struct Wire<T> {
     inner: T,
     /// A refusal's answer, not yet all written.
@@ -63,6 +82,20 @@ pub struct Wire<T> {
     /// Whether bytes were read since the last write: only the first write
     /// after a read may be a refusal.
     read: bool,
+    /// Whether closing lingers: set by whoever left a request unread.
+    linger: Arc<AtomicBool>,
+    /// How far closing has gone.
+    closing: Closing,
+}
+
+/// How far a [`Wire`]'s closing has gone.
+enum Closing {
+    /// Not begun, or its end not yet sent.
+    Open,
+    /// Its end sent; reading and dropping until this sleep ends.
+    Lingering(Pin<Box<tokio::time::Sleep>>),
+    /// Done.
+    Closed,
 }
 
 impl<T> Wire<T> {
@@ -72,6 +105,37 @@ impl<T> Wire<T> {
             inner,
             pending: Vec::new(),
             read: false,
+            linger: Arc::new(AtomicBool::new(false)),
+            closing: Closing::Open,
+        }
+    }
+
+    /// What makes this connection linger when it closes: set it when a
+    /// request is answered before its body was read to its end.
+    pub fn linger(&self) -> Arc<AtomicBool> {
+        self.linger.clone()
+    }
+}
+
+impl<T: AsyncRead + Unpin> Wire<T> {
+    /// Reads and drops what the client sends until it closes its end (or
+    /// the connection fails), or the lingering time is over.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut sink = [0u8; 8192];
+        loop {
+            let Closing::Lingering(until) = &mut self.closing else {
+                return Poll::Ready(());
+            };
+            if until.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            let mut buf = ReadBuf::new(&mut sink);
+            match ready!(Pin::new(&mut self.inner).poll_read(cx, &mut buf)) {
+                Ok(()) if !buf.filled().is_empty() => {}
+                // The client's end closed, or the connection failed:
+                // nothing is left to wait for.
+                Ok(()) | Err(_) => return Poll::Ready(()),
+            }
         }
     }
 }
@@ -162,6 +226,8 @@ impl<T: AsyncWrite + Unpin> Wire<T> {
         }
         let answer = answer_to(head)?;
         self.pending = answer;
+        // hyper refuses as soon as it reads what it refuses: more may follow.
+        self.linger.store(true, Ordering::Relaxed);
         // Written now if the socket takes it; else on the next write,
         // flush or shutdown, which hyper makes next.
         Some(match self.poll_pending(cx) {
@@ -184,7 +250,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Wire<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Wire<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Wire<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -225,8 +291,18 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Wire<T> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(self.poll_pending(cx))?;
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        if let Closing::Open = self.closing {
+            ready!(self.poll_pending(cx))?;
+            ready!(Pin::new(&mut self.inner).poll_shutdown(cx))?;
+            self.closing = if self.linger.load(Ordering::Relaxed) {
+                Closing::Lingering(Box::pin(tokio::time::sleep(LINGER)))
+            } else {
+                Closing::Closed
+            };
+        }
+        ready!(self.poll_drain(cx));
+        self.closing = Closing::Closed;
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -327,9 +403,15 @@ mod tests {
         let mut bad = [0u8; 7];
         wire.read_exact(&mut bad).await.unwrap();
         wire.write_all(&refusal).await.unwrap();
-        wire.shutdown().await.unwrap();
+        // Closing lingers (more of what was refused may follow) until the
+        // client closes its end.
         let mut answer = Vec::new();
-        client.read_to_end(&mut answer).await.unwrap();
+        let (closed, read) = tokio::join!(wire.shutdown(), async {
+            client.read_to_end(&mut answer).await?;
+            client.shutdown().await
+        });
+        closed.unwrap();
+        read.unwrap();
         assert_eq!(answer, answer_to(&refusal).unwrap());
     }
 }

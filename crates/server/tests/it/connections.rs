@@ -240,3 +240,43 @@ async fn a_body_left_unread_closes_its_connection_and_says_so() {
     assert!(health(&mut c).await.starts_with("HTTP/1.1 200"));
     stop(stopper, server).await;
 }
+
+/// A client that writes its whole body before it reads (as Python's
+/// `urllib` and Node's `fetch` do) reads the answer to a request refused
+/// before its body was read, not a reset: the server reads and drops the
+/// rest of the body before it lets the connection go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_still_sending_a_refused_body_reads_the_answer() {
+    let app = TestApp::new().await;
+    let (at, stopper, server) = serve(&app, tarn_server::serve::Limits::default());
+    let size = 8 << 20;
+    for (head, status) in [
+        // Over the JSON body limit.
+        (
+            format!("POST /api/v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"),
+            "413",
+        ),
+        // An upload to no item.
+        (
+            format!("PUT /api/v1/items/nothing/body HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: {size}\r\n\r\n"),
+            "404",
+        ),
+    ] {
+        let mut c = TcpStream::connect(at).await.unwrap();
+        let chunk = vec![b' '; 64 << 10];
+        c.write_all(head.as_bytes()).await.unwrap();
+        c.write_all(&chunk).await.unwrap();
+        // The answer has been sent and the server's end closed by now.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for _ in 1..size / chunk.len() {
+            c.write_all(&chunk)
+                .await
+                .unwrap_or_else(|e| panic!("{status}: the body could not be sent: {e}"));
+        }
+        let answer = answer_head(&mut c).await;
+        assert!(answer.starts_with(&format!("http/1.1 {status}")), "{answer}");
+        assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+        until_closed(&mut c, "a connection whose refused body was sent").await;
+    }
+    stop(stopper, server).await;
+}
