@@ -238,16 +238,20 @@ impl Engine {
         }
     }
 
-    /// Whether the store holds no users, groups, items or index
-    /// declarations (an import's target must not).
+    /// Whether the store holds no users but `admin`, and no groups, items
+    /// or index declarations (an import's target must not). A server
+    /// started with `TARN_ADMIN_PASSWORD` makes `admin` before anything
+    /// else: such a store is still empty, and an `admin` in the file
+    /// takes that one's place.
     pub async fn is_empty(&self) -> Result<bool> {
+        let admin = schema::user_key("admin");
         let mut cursor: Option<Vec<u8>> = None;
         let mut limit = MIN_BATCH;
         loop {
             let (rows, next) = self.rows_after(cursor.as_deref(), &mut limit).await?;
             if rows
                 .iter()
-                .any(|(k, _)| [USERS, GROUPS, ITEMS, INDEX_DEFS].contains(&k.table))
+                .any(|(k, _)| [USERS, GROUPS, ITEMS, INDEX_DEFS].contains(&k.table) && *k != admin)
             {
                 return Ok(false);
             }
@@ -290,6 +294,7 @@ impl Engine {
             end: None,
             need_end: true,
             marked: false,
+            admin: false,
         }
     }
 
@@ -365,6 +370,9 @@ pub struct Importer {
     need_end: bool,
     /// Whether the mark of an import under way is written.
     marked: bool,
+    /// Whether the file's `admin` was read: it takes the place of one the
+    /// target may hold (see [`Engine::is_empty`]), whose sessions end.
+    admin: bool,
 }
 
 impl Importer {
@@ -457,7 +465,13 @@ impl Importer {
                 self.engine.check_properties(&user.properties)?;
                 crate::users::check_stored_hash(&user)?;
                 let key = schema::user_key(&user.username);
-                fresh(&mut self.fresh, &key, "user", &user.username)?;
+                if user.username == "admin" {
+                    if std::mem::replace(&mut self.admin, true) {
+                        return Err(EngineError::InvalidInput("user admin comes twice".into()));
+                    }
+                } else {
+                    fresh(&mut self.fresh, &key, "user", &user.username)?;
+                }
                 b.put(key, schema::encode(&user), 1);
             }
             Record::Group { group } => {
@@ -604,22 +618,30 @@ impl Importer {
         Ok(())
     }
 
+    /// Whether the file was read to its end record (when one is needed):
+    /// [`Importer::finish`] asks first, and so may the caller, to know
+    /// that a file with no record at all wrote nothing.
+    pub fn ended(&self) -> Result<()> {
+        if self.end.is_none() && self.need_end {
+            return Err(EngineError::InvalidInput(
+                "the file ends before its end record: it was cut short (or made by an export from before 2026-11-25, which wrote none)".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Writes what is pending, checks that what was imported holds
     /// together, and answers what went across. Until it answers, the store
     /// is marked as holding an unfinished import.
     pub async fn finish(mut self) -> Result<Moved> {
+        self.ended()?;
         if self.defs.is_none() {
             self.defs = Some(self.declare().await?);
         }
         self.end_body()?;
         self.flush().await?;
         match &self.end {
-            None if !self.need_end => {}
-            None => {
-                return Err(EngineError::InvalidInput(
-                    "the file ends before its end record: it was cut short (or made by an export from before 2026-11-25, which wrote none)".into(),
-                ))
-            }
+            None => {}
             Some(end) if *end != self.moved.records => {
                 return Err(EngineError::InvalidInput(format!(
                     "the end record counts {}, the file holds {}",
@@ -631,6 +653,9 @@ impl Importer {
         }
         self.engine.check_imported().await?;
         let engine = &self.engine;
+        if self.admin {
+            engine.retrying(|| engine.end_all_sessions("admin")).await?;
+        }
         engine
             .retrying(|| async {
                 let mut b = Batch::new();

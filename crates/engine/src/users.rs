@@ -305,7 +305,7 @@ impl Engine {
     }
 
     /// Ends every session of a user, in bounded batches.
-    async fn end_all_sessions(&self, username: &str) -> Result<()> {
+    pub(crate) async fn end_all_sessions(&self, username: &str) -> Result<()> {
         loop {
             let rows = {
                 let mut snap = self.snapshot().await?;

@@ -307,7 +307,26 @@ enum AdminAction {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // What went wrong and why, without the backtrace anyhow adds
+            // when RUST_BACKTRACE is set: a refusal is no crash.
+            eprintln!("Error: {e}");
+            let mut causes = e.chain().skip(1).peekable();
+            if causes.peek().is_some() {
+                eprintln!("\nCaused by:");
+                for (n, cause) in causes.enumerate() {
+                    eprintln!("    {n}: {cause}");
+                }
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -700,7 +719,7 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         bail!("{PARTIAL}");
     }
     if !engine.is_empty().await? {
-        bail!("the target store holds users, groups or items, or has held index declarations: import into an empty one");
+        bail!("the target store holds users (other than admin), groups or items, or has held index declarations: import into an empty one");
     }
     let mut input: Box<dyn BufRead> = match &args.input {
         Some(p) => Box::new(std::io::BufReader::new(
@@ -756,6 +775,9 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
             return Err(anyhow::Error::new(e).context(failed(format!("line {n}"), wrote)));
         }
     }
+    importer
+        .ended()
+        .with_context(|| failed("the file does not hold together".into(), importer.wrote()))?;
     let moved = importer
         .finish()
         .await

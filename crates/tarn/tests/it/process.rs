@@ -104,15 +104,18 @@ fn serve_stop_gracefully_restart() {
     assert_eq!(r.status, 200);
     let r = call(a, "GET", "/api/v1/items?kind=doc", Some(&bob), None);
     assert_eq!(r.json()["items"][0]["id"], id.as_str());
-    // A second process on the same directory is refused, clearly.
+    // A second process on the same directory is refused, clearly: also
+    // where RUST_BACKTRACE is set, a refusal is no crash.
     let second = Command::new(TARN)
         .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(dir.path())
+        .env("RUST_BACKTRACE", "1")
         .output()
         .unwrap();
-    assert!(!second.status.success());
+    assert_eq!(second.status.code(), Some(1));
     let err = String::from_utf8_lossy(&second.stderr);
     assert!(err.contains("in use by another process"), "{err}");
+    assert!(!err.contains("backtrace"), "{err}");
 
     // SIGTERM while an upload is half sent: it still completes.
     let body = vec![7u8; 1 << 20];
@@ -469,6 +472,11 @@ fn export_and_import_move_a_data_directory() {
             .output()
             .unwrap()
     };
+    // The target was served once with TARN_ADMIN_PASSWORD: it holds only
+    // that admin, and is still empty enough to import into.
+    let mut target = start(to.path());
+    terminate(&target.child);
+    assert!(wait_exit(&mut target.child).success());
     let out = import(to.path());
     assert!(
         out.status.success(),
@@ -587,6 +595,61 @@ fn export_and_import_move_a_data_directory() {
     let token = r.json()["token"].as_str().unwrap().to_string();
     let r = crate::http::call(addr, "GET", "/api/v1/indexes/by-t", Some(&token), None);
     assert_eq!(r.json()["state"], "ready");
+    // The file had no admin: the target's is kept.
+    let r = crate::http::call(
+        addr,
+        "POST",
+        "/api/v1/sessions",
+        None,
+        Some(serde_json::json!({"username": "admin", "password": "admin-password"})),
+    );
+    assert_eq!(r.status, 201);
+    assert_eq!(r.json()["user"]["admin"], true);
+    let _ = child.kill();
+    let _ = child.wait();
+    // A file with an admin: its admin takes the place of the target's.
+    let out = Command::new(TARN)
+        .args(["export", "--data"])
+        .arg(to.path())
+        .arg("--out")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let third = tempfile::tempdir().unwrap();
+    let (mut child, addr) = crate::http::spawn_serve(|c| {
+        c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(third.path())
+            .env("TARN_ADMIN_PASSWORD", "third-admin-password");
+    });
+    let old_token = sign_in(addr, "admin", "third-admin-password");
+    terminate(&child);
+    assert!(wait_exit(&mut child).success());
+    let out = import(third.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (mut child, addr) = crate::http::spawn_serve(|c| {
+        c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(third.path());
+    });
+    let admin_signs_in = |password: &str| {
+        crate::http::call(
+            addr,
+            "POST",
+            "/api/v1/sessions",
+            None,
+            Some(serde_json::json!({"username": "admin", "password": password})),
+        )
+        .status
+    };
+    assert_eq!(admin_signs_in("admin-password"), 201);
+    assert_eq!(admin_signs_in("third-admin-password"), 401);
+    // Nor does a session of the admin it replaced go on.
+    let r = crate::http::call(addr, "GET", "/api/v1/me", Some(&old_token), None);
+    assert_eq!(r.status, 401);
     let _ = child.kill();
     let _ = child.wait();
 }
@@ -629,6 +692,11 @@ fn imports_refuse_long_lines_bad_text_and_stores_with_declarations() {
     std::fs::write(&file, b"\n{\"type\":\"user\",\"x\":\"\xff\"}\n").unwrap();
     let said = refused(&fresh);
     assert!(said.contains("line 2: not UTF-8"), "{said}");
+    // An empty file (a command's output lost) holds no end record.
+    std::fs::write(&file, b"").unwrap();
+    let said = refused(&fresh);
+    assert!(said.contains("cut short"), "{said}");
+    assert!(said.contains("nothing was written"), "{said}");
     // Nothing was written: the store takes an import.
     std::fs::write(&file, b"{\"type\":\"end\",\"records\":{}}\n").unwrap();
     let (ok, said) = import(&fresh);
