@@ -551,7 +551,8 @@ impl Importer {
             Record::Link { item, hash, role } => {
                 if !matches!(role, Role::Viewer | Role::Editor) {
                     return Err(EngineError::InvalidInput(format!(
-                        "a link of item {item} gives {role:?}: links give viewer or editor"
+                        "a link of item {item} gives {}: links give viewer or editor",
+                        role.as_str()
                     )));
                 }
                 let hash = unhex(&hash).filter(|h| h.len() == 32).ok_or_else(|| {

@@ -708,6 +708,13 @@ const MAX_LINE: usize = 16 << 20;
 
 async fn import(args: ImportArgs) -> anyhow::Result<()> {
     use std::io::{BufRead, Read};
+    // The file first: a path mistyped makes no store.
+    let mut input: Box<dyn BufRead> = match &args.input {
+        Some(p) => Box::new(std::io::BufReader::new(
+            std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?,
+        )),
+        None => Box::new(std::io::BufReader::new(std::io::stdin().lock())),
+    };
     let store = open_store(
         args.at.store.as_deref(),
         &args.at.data,
@@ -721,12 +728,6 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
     if !engine.is_empty().await? {
         bail!("the target store holds users (other than admin), groups or items, or has held index declarations: import into an empty one");
     }
-    let mut input: Box<dyn BufRead> = match &args.input {
-        Some(p) => Box::new(std::io::BufReader::new(
-            std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?,
-        )),
-        None => Box::new(std::io::BufReader::new(std::io::stdin().lock())),
-    };
     let mut importer = engine.importer();
     if args.no_end_record {
         importer = importer.without_end_record();

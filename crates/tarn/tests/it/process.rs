@@ -692,6 +692,18 @@ fn imports_refuse_long_lines_bad_text_and_stores_with_declarations() {
     std::fs::write(&file, b"\n{\"type\":\"user\",\"x\":\"\xff\"}\n").unwrap();
     let said = refused(&fresh);
     assert!(said.contains("line 2: not UTF-8"), "{said}");
+    // A file that is not there makes no store.
+    let nowhere = dir.path().join("nowhere");
+    let out = Command::new(TARN)
+        .args(["import", "--data"])
+        .arg(&nowhere)
+        .arg("--in")
+        .arg(dir.path().join("mistyped.ndjson"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open"));
+    assert!(!nowhere.exists());
     // An empty file (a command's output lost) holds no end record.
     std::fs::write(&file, b"").unwrap();
     let said = refused(&fresh);
