@@ -584,27 +584,13 @@ fn export_and_import_move_a_data_directory() {
         c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
             .arg(to.path());
     });
-    let r = crate::http::call(
-        addr,
-        "POST",
-        "/api/v1/sessions",
-        None,
-        Some(serde_json::json!({"username": "dora", "password": "dora-password"})),
-    );
-    assert_eq!(r.status, 201);
-    let token = r.json()["token"].as_str().unwrap().to_string();
-    let r = crate::http::call(addr, "GET", "/api/v1/indexes/by-t", Some(&token), None);
+    let token = sign_in(addr, "dora", "dora-password");
+    let r = call(addr, "GET", "/api/v1/indexes/by-t", Some(&token), None);
     assert_eq!(r.json()["state"], "ready");
     // The file had no admin: the target's is kept.
-    let r = crate::http::call(
-        addr,
-        "POST",
-        "/api/v1/sessions",
-        None,
-        Some(serde_json::json!({"username": "admin", "password": "admin-password"})),
-    );
-    assert_eq!(r.status, 201);
-    assert_eq!(r.json()["user"]["admin"], true);
+    let admin = sign_in(addr, "admin", "admin-password");
+    let r = call(addr, "GET", "/api/v1/me", Some(&admin), None);
+    assert_eq!(r.json()["admin"], true);
     let _ = child.kill();
     let _ = child.wait();
     // A file with an admin: its admin takes the place of the target's.
@@ -635,20 +621,17 @@ fn export_and_import_move_a_data_directory() {
         c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
             .arg(third.path());
     });
-    let admin_signs_in = |password: &str| {
-        crate::http::call(
-            addr,
-            "POST",
-            "/api/v1/sessions",
-            None,
-            Some(serde_json::json!({"username": "admin", "password": password})),
-        )
-        .status
-    };
-    assert_eq!(admin_signs_in("admin-password"), 201);
-    assert_eq!(admin_signs_in("third-admin-password"), 401);
+    sign_in(addr, "admin", "admin-password");
+    let r = call(
+        addr,
+        "POST",
+        "/api/v1/sessions",
+        None,
+        Some(json!({"username": "admin", "password": "third-admin-password"})),
+    );
+    assert_eq!(r.status, 401);
     // Nor does a session of the admin it replaced go on.
-    let r = crate::http::call(addr, "GET", "/api/v1/me", Some(&old_token), None);
+    let r = call(addr, "GET", "/api/v1/me", Some(&old_token), None);
     assert_eq!(r.status, 401);
     let _ = child.kill();
     let _ = child.wait();
