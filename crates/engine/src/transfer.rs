@@ -238,22 +238,22 @@ impl Engine {
         }
     }
 
-    /// Whether the store holds no users but `admin`, and no groups, items
-    /// or index declarations (an import's target must not). A server
-    /// started with `TARN_ADMIN_PASSWORD` makes `admin` before anything
-    /// else: such a store is still empty, and an `admin` in the file
-    /// takes that one's place.
+    /// Whether the store holds no groups, items or index declarations,
+    /// and no users but the administrator a server started with
+    /// `TARN_ADMIN_PASSWORD` makes before anything else (user `admin`, an
+    /// administrator with no properties): only such a store is an import's
+    /// target, and an import removes that administrator first.
     pub async fn is_empty(&self) -> Result<bool> {
-        let admin = schema::user_key("admin");
         let mut cursor: Option<Vec<u8>> = None;
         let mut limit = MIN_BATCH;
         loop {
             let (rows, next) = self.rows_after(cursor.as_deref(), &mut limit).await?;
-            if rows
-                .iter()
-                .any(|(k, _)| [USERS, GROUPS, ITEMS, INDEX_DEFS].contains(&k.table) && *k != admin)
-            {
-                return Ok(false);
+            for (key, row) in &rows {
+                if [USERS, GROUPS, ITEMS, INDEX_DEFS].contains(&key.table)
+                    && !is_made_admin(key, row)
+                {
+                    return Ok(false);
+                }
             }
             match next {
                 Some(n) => cursor = Some(n),
@@ -294,7 +294,6 @@ impl Engine {
             end: None,
             need_end: true,
             marked: false,
-            admin: false,
         }
     }
 
@@ -370,9 +369,6 @@ pub struct Importer {
     need_end: bool,
     /// Whether the mark of an import under way is written.
     marked: bool,
-    /// Whether the file's `admin` was read: it takes the place of one the
-    /// target may hold (see [`Engine::is_empty`]), whose sessions end.
-    admin: bool,
 }
 
 impl Importer {
@@ -465,13 +461,7 @@ impl Importer {
                 self.engine.check_properties(&user.properties)?;
                 crate::users::check_stored_hash(&user)?;
                 let key = schema::user_key(&user.username);
-                if user.username == "admin" {
-                    if std::mem::replace(&mut self.admin, true) {
-                        return Err(EngineError::InvalidInput("user admin comes twice".into()));
-                    }
-                } else {
-                    fresh(&mut self.fresh, &key, "user", &user.username)?;
-                }
+                fresh(&mut self.fresh, &key, "user", &user.username)?;
                 b.put(key, schema::encode(&user), 1);
             }
             Record::Group { group } => {
@@ -619,10 +609,10 @@ impl Importer {
         Ok(())
     }
 
-    /// Whether the file was read to its end record (when one is needed):
+    /// Refuses a file not read to its end record (when one is needed):
     /// [`Importer::finish`] asks first, and so may the caller, to know
     /// that a file with no record at all wrote nothing.
-    pub fn ended(&self) -> Result<()> {
+    pub fn check_ended(&self) -> Result<()> {
         if self.end.is_none() && self.need_end {
             return Err(EngineError::InvalidInput(
                 "the file ends before its end record: it was cut short (or made by an export from before 2026-11-25, which wrote none)".into(),
@@ -635,7 +625,7 @@ impl Importer {
     /// together, and answers what went across. Until it answers, the store
     /// is marked as holding an unfinished import.
     pub async fn finish(mut self) -> Result<Moved> {
-        self.ended()?;
+        self.check_ended()?;
         if self.defs.is_none() {
             self.defs = Some(self.declare().await?);
         }
@@ -654,9 +644,6 @@ impl Importer {
         }
         self.engine.check_imported().await?;
         let engine = &self.engine;
-        if self.admin {
-            engine.retrying(|| engine.end_all_sessions("admin")).await?;
-        }
         engine
             .retrying(|| async {
                 let mut b = Batch::new();
@@ -722,6 +709,28 @@ impl Importer {
             .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
             .await?;
         self.marked = true;
+        // Then the administrator a server made (the one user an empty
+        // store may hold), so that the file's users are all there is: its
+        // sessions first, so none outlives it.
+        engine.retrying(|| engine.end_all_sessions("admin")).await?;
+        engine
+            .retrying(|| async {
+                let mut snap = engine.snapshot().await?;
+                let key = schema::user_key("admin");
+                let Some(row) = snap.get(&key).await? else {
+                    return Ok(());
+                };
+                if !is_made_admin(&key, &row) {
+                    return Err(EngineError::Conflict(
+                        "a user admin was made while the import began: empty the store".into(),
+                    ));
+                }
+                let mut b = Batch::new();
+                b.delete(key.clone())
+                    .guard(key, Expect::Version(row.version));
+                Ok(engine.store().write(b).await?)
+            })
+            .await?;
         let mut b = Batch::new();
         for d in &self.declared {
             let mut d = d.clone();
@@ -758,6 +767,15 @@ fn put_item(b: &mut Batch, defs: &crate::indexes::Defs, item: &Item, split: u32)
 }
 
 /// Notes that the batch creates `key`; refused when it already does.
+/// Whether `row` at `key` is the administrator a server started with
+/// `TARN_ADMIN_PASSWORD` makes: user `admin`, an administrator, with no
+/// properties (not a user who signed up as `admin`, nor one in use).
+fn is_made_admin(key: &Key, row: &Row) -> bool {
+    key == &schema::user_key("admin")
+        && schema::decode::<crate::model::User>("user", row)
+            .is_ok_and(|u| u.admin && u.properties.is_empty())
+}
+
 fn fresh(keys: &mut BTreeSet<Key>, key: &Key, what: &str, name: &str) -> Result<()> {
     if !keys.insert(key.clone()) {
         return Err(EngineError::InvalidInput(format!(

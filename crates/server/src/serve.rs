@@ -44,12 +44,12 @@ use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tower_service::Service;
 
 use crate::extract::Cidr;
 use crate::metrics::Metrics;
-use crate::wire::Listening;
+use crate::wire::{Listening, Wire};
 
 /// How long a connection may take to send a request's head, counted from
 /// when the server starts waiting for it.
@@ -243,18 +243,16 @@ fn overload_answer() -> Vec<u8> {
     out
 }
 
-/// Answers a connection past a bound `503` and closes it. What the client
-/// sent meanwhile is read and dropped for a moment, so that closing does
-/// not reset the connection before the client has read the answer; one
-/// that does not read it is let go of after a second.
-async fn refuse<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut io: T) {
+/// Answers a connection past a bound `503` and closes it, lingering (what
+/// the client sent meanwhile is read and dropped, so that closing does not
+/// reset the connection before the client has read the answer) for a
+/// second at most: this connection is one too many.
+async fn refuse<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut io: Wire<T>) {
     let answer = overload_answer();
+    io.linger().store(true, Ordering::Relaxed);
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         io.write_all(&answer).await?;
-        io.shutdown().await?;
-        let mut sink = [0u8; 4096];
-        while io.read(&mut sink).await? > 0 {}
-        Ok::<_, std::io::Error>(())
+        io.shutdown().await
     })
     .await;
 }

@@ -414,4 +414,34 @@ mod tests {
         read.unwrap();
         assert_eq!(answer, answer_to(&refusal).unwrap());
     }
+
+    /// A connection closes at once unless told to linger; lingering, it
+    /// reads and drops what the client sends, and lets a client that
+    /// neither sends nor closes go after [`LINGER`].
+    #[tokio::test(start_paused = true)]
+    async fn closing_lingers_only_when_told_and_not_for_ever() {
+        use std::sync::atomic::Ordering;
+
+        use super::LINGER;
+
+        // Not told: closed though the client keeps its end open.
+        let (server, _client) = tokio::io::duplex(4096);
+        let mut wire = Wire::new(server);
+        let began = tokio::time::Instant::now();
+        wire.shutdown().await.unwrap();
+        assert_eq!(began.elapsed(), std::time::Duration::ZERO);
+        // Told: what the client still sends is taken, and a silent client
+        // is let go when the time is up.
+        let (server, mut client) = tokio::io::duplex(4096);
+        let mut wire = Wire::new(server);
+        wire.linger().store(true, Ordering::Relaxed);
+        let began = tokio::time::Instant::now();
+        let (closed, sent) = tokio::join!(wire.shutdown(), async {
+            // More than the pipe holds: only a reader lets it all through.
+            client.write_all(&[0u8; 64 * 1024]).await
+        });
+        closed.unwrap();
+        sent.unwrap();
+        assert_eq!(began.elapsed(), LINGER);
+    }
 }

@@ -777,7 +777,7 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         }
     }
     importer
-        .ended()
+        .check_ended()
         .with_context(|| failed("the file does not hold together".into(), importer.wrote()))?;
     let moved = importer
         .finish()

@@ -266,7 +266,8 @@ async fn a_client_still_sending_a_refused_body_reads_the_answer() {
         let chunk = vec![b' '; 64 << 10];
         c.write_all(head.as_bytes()).await.unwrap();
         c.write_all(&chunk).await.unwrap();
-        // The answer has been sent and the server's end closed by now.
+        // The answer should have been sent and the server's end closed by
+        // now: the rest of the body arrives after that.
         tokio::time::sleep(Duration::from_millis(300)).await;
         for _ in 1..size / chunk.len() {
             c.write_all(&chunk)

@@ -579,7 +579,9 @@ fn export_and_import_move_a_data_directory() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // The moved store serves: dora signs in, the index is there and ready.
+    // The moved store serves: dora signs in, the index is there and ready;
+    // the administrator the target's server made is gone (the file has
+    // none).
     let (mut child, addr) = crate::http::spawn_serve(|c| {
         c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
             .arg(to.path());
@@ -587,13 +589,25 @@ fn export_and_import_move_a_data_directory() {
     let token = sign_in(addr, "dora", "dora-password");
     let r = call(addr, "GET", "/api/v1/indexes/by-t", Some(&token), None);
     assert_eq!(r.json()["state"], "ready");
-    // The file had no admin: the target's is kept.
-    let admin = sign_in(addr, "admin", "admin-password");
-    let r = call(addr, "GET", "/api/v1/me", Some(&admin), None);
-    assert_eq!(r.json()["admin"], true);
+    let admin_signs_in = |addr: SocketAddr, password: &str| {
+        call(
+            addr,
+            "POST",
+            "/api/v1/sessions",
+            None,
+            Some(json!({"username": "admin", "password": password})),
+        )
+        .status
+    };
+    assert_eq!(admin_signs_in(addr, "admin-password"), 401);
     let _ = child.kill();
     let _ = child.wait();
-    // A file with an admin: its admin takes the place of the target's.
+    // Served with TARN_ADMIN_PASSWORD it has one again, and a file with
+    // an admin takes the place of the one another target's server made,
+    // whose sessions end.
+    let mut server = start(to.path());
+    terminate(&server.child);
+    assert!(wait_exit(&mut server.child).success());
     let out = Command::new(TARN)
         .args(["export", "--data"])
         .arg(to.path())
@@ -621,16 +635,10 @@ fn export_and_import_move_a_data_directory() {
         c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
             .arg(third.path());
     });
-    sign_in(addr, "admin", "admin-password");
-    let r = call(
-        addr,
-        "POST",
-        "/api/v1/sessions",
-        None,
-        Some(json!({"username": "admin", "password": "third-admin-password"})),
-    );
-    assert_eq!(r.status, 401);
-    // Nor does a session of the admin it replaced go on.
+    let admin = sign_in(addr, "admin", "admin-password");
+    let r = call(addr, "GET", "/api/v1/me", Some(&admin), None);
+    assert_eq!(r.json()["admin"], true);
+    assert_eq!(admin_signs_in(addr, "third-admin-password"), 401);
     let r = call(addr, "GET", "/api/v1/me", Some(&old_token), None);
     assert_eq!(r.status, 401);
     let _ = child.kill();
@@ -707,6 +715,24 @@ fn imports_refuse_long_lines_bad_text_and_stores_with_declarations() {
     let said = refused(&declared);
     assert!(said.contains("index declarations"), "{said}");
     assert!(!said.contains("did not finish"), "{said}");
+    // A user named admin who is no administrator is a user like others:
+    // the store is not empty.
+    let named = dir.path().join("named");
+    let out = Command::new(TARN)
+        .args(["admin", "--data"])
+        .arg(&named)
+        .args([
+            "create-user",
+            "--username",
+            "admin",
+            "--password",
+            "admin-password",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let said = refused(&named);
+    assert!(said.contains("holds users"), "{said}");
 }
 
 /// Requests no handler sees, refused by hyper itself (a request target
