@@ -18,10 +18,17 @@ struct Server {
 }
 
 fn start(data: &Path) -> Server {
+    start_as(data, Some("admin-password"))
+}
+
+/// A server on `data`, made to ensure `admin` with `admin_password` if any.
+fn start_as(data: &Path, admin_password: Option<&str>) -> Server {
     let (child, addr) = spawn_serve(|c| {
         c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
-            .arg(data)
-            .env("TARN_ADMIN_PASSWORD", "admin-password");
+            .arg(data);
+        if let Some(password) = admin_password {
+            c.env("TARN_ADMIN_PASSWORD", password);
+        }
     });
     Server { child, addr }
 }
@@ -582,10 +589,7 @@ fn export_and_import_move_a_data_directory() {
     // The moved store serves: dora signs in, the index is there and ready;
     // the administrator the target's server made is gone (the file has
     // none).
-    let (mut child, addr) = crate::http::spawn_serve(|c| {
-        c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
-            .arg(to.path());
-    });
+    let Server { mut child, addr } = start_as(to.path(), None);
     let token = sign_in(addr, "dora", "dora-password");
     let r = call(addr, "GET", "/api/v1/indexes/by-t", Some(&token), None);
     assert_eq!(r.json()["state"], "ready");
@@ -617,11 +621,7 @@ fn export_and_import_move_a_data_directory() {
         .unwrap();
     assert!(out.status.success());
     let third = tempfile::tempdir().unwrap();
-    let (mut child, addr) = crate::http::spawn_serve(|c| {
-        c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
-            .arg(third.path())
-            .env("TARN_ADMIN_PASSWORD", "third-admin-password");
-    });
+    let Server { mut child, addr } = start_as(third.path(), Some("third-admin-password"));
     let old_token = sign_in(addr, "admin", "third-admin-password");
     terminate(&child);
     assert!(wait_exit(&mut child).success());
@@ -631,10 +631,7 @@ fn export_and_import_move_a_data_directory() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (mut child, addr) = crate::http::spawn_serve(|c| {
-        c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
-            .arg(third.path());
-    });
+    let Server { mut child, addr } = start_as(third.path(), None);
     let admin = sign_in(addr, "admin", "admin-password");
     let r = call(addr, "GET", "/api/v1/me", Some(&admin), None);
     assert_eq!(r.json()["admin"], true);
