@@ -14,7 +14,7 @@
 //!   other); for an absent guard, an `INSERT … ON CONFLICT DO NOTHING` of a
 //!   placeholder, whose uniqueness check makes a concurrent inserter wait for
 //!   our outcome and then see the row. The ops follow as one bulk upsert and
-//!   one bulk delete, deduplicated and sorted by key, and run whatever the
+//!   a delete a key, deduplicated and sorted by key, and run whatever the
 //!   guards found: a failed guard is reported after the fact and the whole
 //!   transaction rolled back. Placeholders not overwritten are removed
 //!   before commit. A write runs in a task of its own, so a request that
@@ -519,13 +519,15 @@ impl Snapshot for PgSnapshot {
         let client = self.begun().await?;
         // Only below the oldest transaction still running that may write
         // here: one that took its id earlier but commits later can still
-        // add entries there.
+        // add entries there. Ordered by the table's columns, named with the
+        // table: a bare `xid` is the selected `int8`, which no index orders,
+        // and every read sorted all the entries after its cursor.
         let stmt = client
             .prepare_cached(&format!(
                 "SELECT xid::text::int8, seq, value FROM tarn_feed
                  WHERE tbl = $1 AND (xid, seq) > ($2::bigint::text::xid8, $3)
                    AND xid < ({FEED_HORIZON})::text::xid8
-                 ORDER BY xid, seq LIMIT $4"
+                 ORDER BY tarn_feed.xid, tarn_feed.seq LIMIT $4"
             ))
             .await
             .map_err(map_err)?;
@@ -834,17 +836,20 @@ async fn apply(tx: &deadpool_postgres::Client, batch: &Batch) -> StoreResult<()>
         )
         .await
         .map_err(map_err)?;
+    // A delete is one statement a key, not one joined with `unnest` as the
+    // upsert is: PostgreSQL plans a prepared statement once per connection
+    // and keeps the plan. Planned while the table was small, the join was a
+    // hash join over a sequential scan of the whole table, kept as the table
+    // grew: every write that deleted then read all of it (78 ms at 200,000
+    // rows), and an index build's writes took a node's connections for tens
+    // of seconds. A key's own statement has one plan, its primary key.
     let delete = tx
-        .prepare_cached(
-            "DELETE FROM tarn_rows r USING unnest($1::text[], $2::bytea[], $3::bytea[]) AS d(tbl, part, clus)
-             WHERE r.tbl = d.tbl AND r.part = d.part AND r.clus = d.clus",
-        )
+        .prepare_cached("DELETE FROM tarn_rows WHERE tbl = $1 AND part = $2 AND clus = $3")
         .await
         .map_err(map_err)?;
     let unclaim = tx
         .prepare_cached(
-            "DELETE FROM tarn_rows r USING unnest($1::text[], $2::bytea[], $3::bytea[]) AS d(tbl, part, clus)
-             WHERE r.tbl = d.tbl AND r.part = d.part AND r.clus = d.clus AND r.version = $4",
+            "DELETE FROM tarn_rows WHERE tbl = $1 AND part = $2 AND clus = $3 AND version = $4",
         )
         .await
         .map_err(map_err)?;
@@ -863,7 +868,7 @@ async fn apply(tx: &deadpool_postgres::Client, batch: &Batch) -> StoreResult<()>
         last.insert(op.key(), op);
     }
     let mut puts = Columns::default();
-    let mut deletes = Columns::default();
+    let mut deletes = Vec::new();
     for (key, op) in &last {
         match op {
             Op::Put { value, version, .. } => {
@@ -874,18 +879,19 @@ async fn apply(tx: &deadpool_postgres::Client, batch: &Batch) -> StoreResult<()>
                         .map_err(|_| StoreError::Invalid("version above i64::MAX".into()))?,
                 );
             }
-            Op::Delete { .. } => deletes.push(key),
+            Op::Delete { .. } => deletes.push(*key),
         }
     }
     let mut guards: Vec<(usize, &tarn_store::Guard)> = batch.guards.iter().enumerate().collect();
     guards.sort_by(|a, b| a.1.key.cmp(&b.1.key));
     // Placeholders of absent keys the batch does not put are removed again.
-    let mut unclaimed = Columns::default();
-    for (_, g) in &guards {
-        if matches!(g.expect, Expect::Absent) && !matches!(last.get(&g.key), Some(Op::Put { .. })) {
-            unclaimed.push(&g.key);
-        }
-    }
+    let unclaimed: Vec<&Key> = guards
+        .iter()
+        .filter(|(_, g)| {
+            matches!(g.expect, Expect::Absent) && !matches!(last.get(&g.key), Some(Op::Put { .. }))
+        })
+        .map(|(_, g)| &g.key)
+        .collect();
 
     let checks = guards.iter().map(|(_, g)| {
         let k = &g.key;
@@ -917,19 +923,33 @@ async fn apply(tx: &deadpool_postgres::Client, batch: &Batch) -> StoreResult<()>
     let feeds: Vec<&str> = batch.appends.iter().map(|a| a.feed.name()).collect();
     let values: Vec<&[u8]> = batch.appends.iter().map(|a| a.value.as_slice()).collect();
     let put_params = puts.params_with_values();
-    let delete_params = deletes.params();
-    let [t, p, c] = unclaimed.params();
-    let unclaim_params: [&(dyn ToSql + Sync); 4] = [t, p, c, &PLACEHOLDER];
     let append_params: [&(dyn ToSql + Sync); 2] = [&feeds, &values];
+    let (delete, unclaim) = (&delete, &unclaim);
+    let deleted = deletes.iter().map(|k| async move {
+        let table = k.table.name();
+        tx.execute(delete, &[&table, &k.partition, &k.clustering])
+            .await
+    });
+    let unclaimed = unclaimed.iter().map(|k| async move {
+        let table = k.table.name();
+        tx.execute(
+            unclaim,
+            &[&table, &k.partition, &k.clustering, &PLACEHOLDER],
+        )
+        .await
+    });
     // Polled together, in this order: the statements go out in it.
     let (held, written) = tokio::join!(futures_util::future::join_all(checks), async {
         let (upserted, deleted, unclaimed, appended) = tokio::join!(
             run_if(!puts.is_empty(), tx, &upsert, &put_params),
-            run_if(!deletes.is_empty(), tx, &delete, &delete_params),
-            run_if(!unclaimed.is_empty(), tx, &unclaim, &unclaim_params),
+            try_join_all(deleted),
+            try_join_all(unclaimed),
             run_if(!feeds.is_empty(), tx, &append, &append_params),
         );
-        upserted.and(deleted).and(unclaimed).and(appended)
+        upserted
+            .and(deleted.map_err(map_err).map(drop))
+            .and(unclaimed.map_err(map_err).map(drop))
+            .and(appended)
     });
     let mut failed = None;
     for ((i, _), held) in guards.iter().zip(held) {
@@ -944,7 +964,7 @@ async fn apply(tx: &deadpool_postgres::Client, batch: &Batch) -> StoreResult<()>
     written
 }
 
-/// Key columns (and, for puts, values and versions) as arrays for `unnest`.
+/// The puts of a write, column by column, as arrays for `unnest`.
 #[derive(Default)]
 struct Columns<'a> {
     tables: Vec<&'static str>,
@@ -963,10 +983,6 @@ impl<'a> Columns<'a> {
 
     fn is_empty(&self) -> bool {
         self.tables.is_empty()
-    }
-
-    fn params(&self) -> [&(dyn ToSql + Sync); 3] {
-        [&self.tables, &self.partitions, &self.clusterings]
     }
 
     fn params_with_values(&self) -> [&(dyn ToSql + Sync); 5] {
@@ -1065,5 +1081,136 @@ mod tests {
         assert!(tls_mode(Some("always")).is_err());
         assert!(check_schema_name("t_1").is_ok());
         assert!(check_schema_name("x; drop").is_err());
+    }
+
+    const ROWS: Table = Table::new("plan_rows");
+    const FEED: Table = Table::new("plan_feed");
+
+    fn key(part: &[u8], n: u32) -> Key {
+        Key::new(ROWS, part.to_vec(), n.to_be_bytes().to_vec())
+    }
+
+    /// Runs every statement the store prepares: a write with a put, a
+    /// delete, a guard on a row it writes and on one it only reads, an
+    /// absent guard it leaves unclaimed, and an append; each kind of read;
+    /// a feed trim.
+    async fn every_statement(store: &PgStore, round: u32) {
+        let mut b = Batch::new();
+        b.put(key(b"a", round + 1), vec![1], 1)
+            .delete(key(b"a", round))
+            .guard(key(b"g", 0), Expect::Version(1))
+            .guard(key(b"g", 1), Expect::Version(1))
+            .guard(key(b"g", 2 + round), Expect::Absent)
+            .put(key(b"g", 0), vec![1], 1)
+            .append(FEED, vec![1]);
+        store.write(b).await.unwrap();
+        let mut snap = store.snapshot().await.unwrap();
+        let within = Scan::partition(ROWS, b"a".to_vec(), 10)
+            .bounds(Bound::Excluded(vec![0]), Bound::Included(vec![9; 4]));
+        snap.read(
+            &[key(b"a", round), key(b"g", 0)],
+            &[
+                within.clone(),
+                within.direction(tarn_store::Direction::Reverse),
+                Scan::partition(ROWS, b"a".to_vec(), 10),
+            ],
+        )
+        .await
+        .unwrap();
+        let end = snap.feed_end(FEED).await.unwrap();
+        snap.read_feed(FEED, None, 10).await.unwrap();
+        snap.read_feed(FEED, Some(&end), 10).await.unwrap();
+        let (_, next) = snap.scan_all(None, 2).await.unwrap();
+        snap.scan_all(next.as_deref(), 2).await.unwrap();
+        drop(snap);
+        store.trim_feed(FEED, &[0; 16], 1).await.unwrap();
+    }
+
+    /// Regression: PostgreSQL plans a prepared statement once per
+    /// connection and may keep that plan. The bulk delete, planned while its
+    /// table was small, kept a hash join over a sequential scan of the whole
+    /// table: at 200,000 rows each write that deleted took 78 ms, and an
+    /// index build over a few tens of thousands of items held a node's
+    /// connections for up to a minute. The feed's read sorted every entry
+    /// after its cursor. Here every statement is run while the tables are
+    /// small, often enough for PostgreSQL to keep a plan, the tables grow,
+    /// and each kept plan must still read by the primary key and not sort.
+    #[tokio::test]
+    async fn plans_made_on_small_tables_keep_to_the_primary_key() {
+        let base = std::env::var("TARN_TEST_POSTGRES").expect(
+            "TARN_TEST_POSTGRES is not set: run the tests through `make test` or scripts/with-postgres.sh",
+        );
+        let mut r = [0u8; 8];
+        getrandom::fill(&mut r).unwrap();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}schema=p_{:016x}", u64::from_le_bytes(r));
+        // One connection: the one whose plans are looked at.
+        let store = PgStore::connect_with(&url, PgOptions { pool_size: 1 })
+            .await
+            .unwrap();
+        // No autovacuum: its ANALYZE would make PostgreSQL plan again, and
+        // what is tested is a plan kept while nothing does.
+        let client = store.pool.get().await.unwrap();
+        client
+            .batch_execute(
+                "ALTER TABLE tarn_rows SET (autovacuum_enabled = false);
+                 ALTER TABLE tarn_feed SET (autovacuum_enabled = false);",
+            )
+            .await
+            .unwrap();
+        drop(client);
+        let mut b = Batch::new();
+        b.put(key(b"g", 0), vec![1], 1)
+            .put(key(b"g", 1), vec![1], 1);
+        store.write(b).await.unwrap();
+        // PostgreSQL considers keeping a plan from a statement's sixth run.
+        for round in 0..8 {
+            every_statement(&store, round).await;
+        }
+        for chunk in 0..20u32 {
+            let mut b = Batch::new();
+            for n in 0..1000 {
+                b.put(key(b"z", chunk * 1000 + n), vec![0; 64], 1)
+                    .append(FEED, vec![0; 64]);
+            }
+            store.write(b).await.unwrap();
+        }
+        every_statement(&store, 8).await;
+
+        let client = store.pool.get().await.unwrap();
+        client
+            .batch_execute("SET plan_cache_mode = force_generic_plan")
+            .await
+            .unwrap();
+        let statements = client
+            .query(
+                "SELECT name, statement, parameter_types::text[] FROM pg_prepared_statements",
+                &[],
+            )
+            .await
+            .unwrap();
+        let mut looked_at = 0;
+        for s in &statements {
+            let (name, sql, types): (String, String, Vec<String>) = (s.get(0), s.get(1), s.get(2));
+            if !sql.contains("tarn_rows") && !sql.contains("tarn_feed") {
+                continue;
+            }
+            let args: Vec<String> = types.iter().map(|t| format!("NULL::{t}")).collect();
+            let plan: Vec<String> = client
+                .query(&format!("EXPLAIN EXECUTE {name}({})", args.join(", ")), &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let plan = plan.join("\n");
+            assert!(
+                !plan.contains("Seq Scan on tarn_") && !plan.contains("Sort"),
+                "{sql}\n{plan}"
+            );
+            looked_at += 1;
+        }
+        // Every statement of `every_statement`, less the migration's.
+        assert!(looked_at >= 12, "{looked_at} statements looked at");
     }
 }
