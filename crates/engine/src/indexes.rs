@@ -164,7 +164,8 @@ impl Eq for TextField {}
 const MAX_FIELDS: usize = 8;
 /// Items read per batch of a build.
 const BACKFILL_BATCH: usize = 512;
-/// Writes a build keeps in flight, so the store commits them in groups.
+/// Writes a build keeps in flight, so the store commits them in groups;
+/// at most half the store's connections where those are bounded.
 const BACKFILL_IN_FLIGHT: usize = 128;
 /// Most index declarations kept.
 pub(crate) const MAX_INDEXES: usize = 1000;
@@ -1153,6 +1154,13 @@ impl Engine {
         F: FnMut(ItemRow) -> Fut,
         Fut: std::future::Future<Output = Result<()>> + 'a,
     {
+        // Each item's work holds at most one connection at a time, and the
+        // batch read one more: requests keep the other half. With all 128
+        // in flight, a node's requests queued behind its own build's.
+        let most = self
+            .store()
+            .connections()
+            .map_or(BACKFILL_IN_FLIGHT, |n| (n / 2).clamp(1, BACKFILL_IN_FLIGHT));
         let mut in_flight = FuturesUnordered::new();
         for bucket in 0..KIND_BUCKETS {
             let partition = schema::kind_partition(kind, bucket);
@@ -1185,7 +1193,7 @@ impl Engine {
                 for row in items.into_iter().flatten() {
                     let item = ItemRow::decode_checked(&row)?;
                     in_flight.push(each(item));
-                    while in_flight.len() >= BACKFILL_IN_FLIGHT {
+                    while in_flight.len() >= most {
                         if let Some(done) = in_flight.next().await {
                             done?;
                         }

@@ -290,6 +290,9 @@ impl Store for MeteredStore {
     fn feed_lag(&self) -> std::time::Duration {
         self.inner.feed_lag()
     }
+    fn connections(&self) -> Option<usize> {
+        self.inner.connections()
+    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         self.inner.counters()
     }

@@ -489,6 +489,9 @@ impl Store for CassandraStore {
     fn feed_lag(&self) -> Duration {
         Duration::from_micros(feed::LAG_MICROS as u64)
     }
+    fn connections(&self) -> Option<usize> {
+        None
+    }
 
     async fn trim_feed(
         &self,

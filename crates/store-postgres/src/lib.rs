@@ -733,6 +733,10 @@ impl Store for PgStore {
         std::time::Duration::ZERO
     }
 
+    fn connections(&self) -> Option<usize> {
+        Some(self.pool.status().max_size)
+    }
+
     async fn write(&self, batch: Batch) -> StoreResult<()> {
         batch.validate()?;
         if batch.is_empty() {

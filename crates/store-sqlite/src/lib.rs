@@ -1510,6 +1510,9 @@ impl Store for SqliteStore {
     fn feed_lag(&self) -> std::time::Duration {
         std::time::Duration::ZERO
     }
+    fn connections(&self) -> Option<usize> {
+        None
+    }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = &self.inner.shared;

@@ -901,6 +901,9 @@ impl Store for HoldWrites {
     fn feed_lag(&self) -> std::time::Duration {
         self.inner.feed_lag()
     }
+    fn connections(&self) -> Option<usize> {
+        self.inner.connections()
+    }
 
     async fn trim_feed(
         &self,

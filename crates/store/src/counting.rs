@@ -154,6 +154,9 @@ impl<S: Store> Store for CountingStore<S> {
     fn feed_lag(&self) -> std::time::Duration {
         self.inner.feed_lag()
     }
+    fn connections(&self) -> Option<usize> {
+        self.inner.connections()
+    }
 
     async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
         self.inner.trim_feed(feed, through, limit).await

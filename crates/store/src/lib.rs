@@ -485,6 +485,13 @@ pub trait Store: Send + Sync + 'static {
     /// forgot to forward it would make a lagging feed look immediate.
     fn feed_lag(&self) -> std::time::Duration;
 
+    /// How many calls this handle serves at once, when that is bounded
+    /// (a pool's connections; `None`: no bound worth sharing out).
+    /// Background work, such as an index build, keeps to half of them, so
+    /// that requests keep the rest. No default: a wrapper that forgot to
+    /// forward it would let a build take every connection.
+    fn connections(&self) -> Option<usize>;
+
     /// Removes at most `limit` of the oldest entries of `feed`, none after
     /// the cursor `through`; answers how many it removed (fewer than
     /// `limit`: none is left up to `through`).
@@ -665,6 +672,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
     fn feed_lag(&self) -> std::time::Duration {
         (**self).feed_lag()
+    }
+    fn connections(&self) -> Option<usize> {
+        (**self).connections()
     }
     async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
         (**self).trim_feed(feed, through, limit).await

@@ -290,6 +290,9 @@ impl Store for MemoryStore {
     fn feed_lag(&self) -> std::time::Duration {
         std::time::Duration::ZERO
     }
+    fn connections(&self) -> Option<usize> {
+        None
+    }
 
     async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
         let through = cursor_seq(through)?;

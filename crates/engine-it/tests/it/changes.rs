@@ -963,6 +963,9 @@ impl tarn_store::Store for Lagging {
     fn feed_lag(&self) -> Duration {
         LAG
     }
+    fn connections(&self) -> Option<usize> {
+        None
+    }
 
     async fn trim_feed(
         &self,

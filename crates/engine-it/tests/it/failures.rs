@@ -163,6 +163,9 @@ impl Store for Failing {
     fn feed_lag(&self) -> std::time::Duration {
         std::time::Duration::ZERO
     }
+    fn connections(&self) -> Option<usize> {
+        None
+    }
 
     async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
         if self.mode.load(Ordering::Relaxed) == WRITES_FAIL {

@@ -744,6 +744,9 @@ impl tarn_store::Store for HoldFirstSession {
     fn feed_lag(&self) -> std::time::Duration {
         self.inner.feed_lag()
     }
+    fn connections(&self) -> Option<usize> {
+        self.inner.connections()
+    }
 
     async fn trim_feed(
         &self,
