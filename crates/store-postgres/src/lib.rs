@@ -54,11 +54,18 @@ const PLACEHOLDER: i64 = -1;
 pub struct PgOptions {
     /// Connections in the pool.
     pub pool_size: usize,
+    /// How long a snapshot or a write waits for a free connection before
+    /// it is refused as [`StoreError::Unavailable`] (the server answers
+    /// 503): overload is answered, not queued for ever.
+    pub wait: std::time::Duration,
 }
 
 impl Default for PgOptions {
     fn default() -> Self {
-        PgOptions { pool_size: 16 }
+        PgOptions {
+            pool_size: 16,
+            wait: std::time::Duration::from_secs(1),
+        }
     }
 }
 
@@ -105,6 +112,9 @@ fn map_code(e: &tokio_postgres::Error, text: String) -> StoreError {
 fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
     match e {
         deadpool_postgres::PoolError::Backend(e) => map_err(e),
+        deadpool_postgres::PoolError::Timeout(_) => {
+            StoreError::Unavailable("every connection of the pool stayed busy".into())
+        }
         other => StoreError::Unavailable(other.to_string()),
     }
 }
@@ -354,6 +364,8 @@ impl PgStore {
         };
         let pool = Pool::builder(manager)
             .max_size(options.pool_size)
+            .wait_timeout(Some(options.wait))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Other(format!("pool: {e}")))?;
         let store = PgStore { pool };
@@ -1149,9 +1161,11 @@ mod tests {
         let sep = if base.contains('?') { '&' } else { '?' };
         let url = format!("{base}{sep}schema=p_{:016x}", u64::from_le_bytes(r));
         // One connection: the one whose plans are looked at.
-        let store = PgStore::connect_with(&url, PgOptions { pool_size: 1 })
-            .await
-            .unwrap();
+        let one = PgOptions {
+            pool_size: 1,
+            ..PgOptions::default()
+        };
+        let store = PgStore::connect_with(&url, one).await.unwrap();
         // No autovacuum: its ANALYZE would make PostgreSQL plan again, and
         // what is tested is a plan kept while nothing does.
         let client = store.pool.get().await.unwrap();

@@ -296,7 +296,11 @@ async fn builds_racing_writers_on_postgres() {
 /// connections, a build of a few hundred items must still finish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_build_wider_than_the_pool_finishes() {
-    let store = common::postgres_store_with(tarn_store_postgres::PgOptions { pool_size: 2 }).await;
+    let store = common::postgres_store_with(tarn_store_postgres::PgOptions {
+        pool_size: 2,
+        ..Default::default()
+    })
+    .await;
     let e = common::engine(Arc::new(store));
     let owner = sign_up(&e, "owner").await;
     for i in 0..300i64 {

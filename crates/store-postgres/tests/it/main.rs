@@ -332,3 +332,42 @@ async fn tls_connections_verify_the_server() {
         other => panic!("{:?}", other.err()),
     }
 }
+
+/// A snapshot or a write that finds every connection busy for longer than
+/// the pool's wait is refused as unavailable (the server answers 503), as
+/// on SQLite, rather than queued for as long as the connections stay busy.
+#[tokio::test]
+async fn a_pool_busy_past_its_wait_refuses() {
+    let options = tarn_store_postgres::PgOptions {
+        pool_size: 1,
+        wait: std::time::Duration::from_millis(100),
+    };
+    let store = PgStore::connect_with(&fresh_url(), options).await.unwrap();
+    let key = Key::new(Table::new("conf_a"), b"p".to_vec(), b"c".to_vec());
+    let mut held = store.snapshot().await.unwrap();
+    held.get(&key).await.unwrap();
+    // Not a timing: a pool that queues for ever must fail here, not hang.
+    let bounded = std::time::Duration::from_secs(30);
+    let refused = tokio::time::timeout(bounded, store.snapshot())
+        .await
+        .expect("refused, not queued")
+        .err();
+    assert!(
+        matches!(refused, Some(StoreError::Unavailable(_))),
+        "{refused:?}"
+    );
+    let mut b = Batch::new();
+    b.put(key.clone(), b"v".to_vec(), 1);
+    let refused = tokio::time::timeout(bounded, store.write(b.clone()))
+        .await
+        .expect("refused, not queued");
+    assert!(
+        matches!(refused, Err(StoreError::Unavailable(_))),
+        "{refused:?}"
+    );
+    // Once the connection is free again, both are served.
+    drop(held);
+    store.write(b).await.unwrap();
+    let row = store.snapshot().await.unwrap().get(&key).await.unwrap();
+    assert_eq!(row.map(|r| r.value), Some(b"v".to_vec()));
+}
