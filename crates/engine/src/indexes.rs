@@ -164,9 +164,16 @@ impl Eq for TextField {}
 const MAX_FIELDS: usize = 8;
 /// Items read per batch of a build.
 const BACKFILL_BATCH: usize = 512;
-/// Writes a build keeps in flight, so the store commits them in groups;
-/// at most half the store's connections where those are bounded.
+/// Writes a build keeps in flight, so the store commits them in groups.
 const BACKFILL_IN_FLIGHT: usize = 128;
+
+/// How many store calls the builds and drops of a node make at once: half
+/// the store's connections where those are bounded (with all 128 of a
+/// build's writes waiting for one, a node's requests queued behind its own
+/// build), else as many as one build keeps in flight.
+pub(crate) fn background_places(connections: Option<usize>) -> usize {
+    connections.map_or(BACKFILL_IN_FLIGHT, |n| (n / 2).max(1))
+}
 /// Most index declarations kept.
 pub(crate) const MAX_INDEXES: usize = 1000;
 
@@ -1154,13 +1161,8 @@ impl Engine {
         F: FnMut(ItemRow) -> Fut,
         Fut: std::future::Future<Output = Result<()>> + 'a,
     {
-        // Each item's work holds at most one connection at a time, and the
-        // batch read one more: requests keep the other half. With all 128
-        // in flight, a node's requests queued behind its own build's.
-        let most = self
-            .store()
-            .connections()
-            .map_or(BACKFILL_IN_FLIGHT, |n| (n / 2).clamp(1, BACKFILL_IN_FLIGHT));
+        // Each item's work and each batch read hold one of the node's
+        // background places (see `background_places`) while they run.
         let mut in_flight = FuturesUnordered::new();
         for bucket in 0..KIND_BUCKETS {
             let partition = schema::kind_partition(kind, bucket);
@@ -1171,6 +1173,7 @@ impl Engine {
                 // on: each may hold a store connection, and leaving them
                 // unpolled while this read waits for one could wait forever.
                 let next = self.retrying(|| async {
+                    let _place = self.background_place().await?;
                     let mut snap = self.snapshot().await?;
                     let ids = snap
                         .scan(
@@ -1192,8 +1195,12 @@ impl Engine {
                 let (last, items) = beside(next, &mut in_flight).await?;
                 for row in items.into_iter().flatten() {
                     let item = ItemRow::decode_checked(&row)?;
-                    in_flight.push(each(item));
-                    while in_flight.len() >= most {
+                    let work = each(item);
+                    in_flight.push(async move {
+                        let _place = self.background_place().await?;
+                        work.await
+                    });
+                    while in_flight.len() >= BACKFILL_IN_FLIGHT {
                         if let Some(done) = in_flight.next().await {
                             done?;
                         }

@@ -242,6 +242,10 @@ struct Inner {
     upload_rest: AtomicU64,
     /// The store's cursor key, read once (it never changes).
     cursor_key: tokio::sync::OnceCell<Vec<u8>>,
+    /// Places for the store work of index builds and drops on this node:
+    /// half the store's connections where those are bounded, so that
+    /// requests keep the other half (see `indexes::for_each_item`).
+    background: tokio::sync::Semaphore,
     /// The index work this node runs in the background: claimed when
     /// it starts (by a declaration or a drop, an administrator's rare
     /// requests, or by the node's watch) and given up when it ends; no
@@ -256,6 +260,7 @@ impl Engine {
         let hashers = config.password_hashers.max(1);
         let uploads = config.upload_slots.max(1);
         let split = store.partition_split().clamp(1, 64);
+        let background = indexes::background_places(store.connections());
         Engine {
             inner: Arc::new(Inner {
                 store,
@@ -270,6 +275,7 @@ impl Engine {
                 uploads_open: AtomicI64::new(0),
                 upload_rest: AtomicU64::new(0),
                 cursor_key: tokio::sync::OnceCell::new(),
+                background: tokio::sync::Semaphore::new(background),
                 index_work: std::sync::Mutex::default(),
             }),
         }
@@ -310,6 +316,16 @@ impl Engine {
             .acquire()
             .await
             .map_err(|e| EngineError::Internal(format!("upload places: {e}")))
+    }
+
+    /// A place for one store call of background index work (see
+    /// `indexes::for_each_item`).
+    pub(crate) async fn background_place(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.inner
+            .background
+            .acquire()
+            .await
+            .map_err(|e| EngineError::Internal(format!("background places: {e}")))
     }
 
     /// Counts an upload as open (`1`) or over (`-1`).
@@ -419,9 +435,6 @@ impl Engine {
         }
     }
 
-    /// Runs `op` until it succeeds, fails for good, or has used its attempts.
-    /// Only store conflicts and failed guards (data changed since it was
-    /// read) are retried, with jittered exponential backoff.
     /// Writes `b`, whose guards say its new row is absent; `taken()` when
     /// it is not. A write the store did not apply because a concurrent one
     /// won (a lightweight transaction under contention) is tried again,
@@ -436,6 +449,10 @@ impl Engine {
         .await
     }
 
+    /// Runs `op` until it succeeds, fails for good, or has used its
+    /// attempts. Store conflicts, failed guards (data changed since it was
+    /// read) and unavailability (a store busy or unreachable) are retried,
+    /// with jittered exponential backoff.
     pub(crate) async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T>
     where
         F: FnMut() -> Fut,

@@ -487,8 +487,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many calls this handle serves at once, when that is bounded
     /// (a pool's connections; `None`: no bound worth sharing out).
-    /// Background work, such as an index build, keeps to half of them, so
-    /// that requests keep the rest. No default: a wrapper that forgot to
+    /// Index builds and drops keep to half of them, so that requests keep
+    /// the rest. No default: a wrapper that forgot to
     /// forward it would let a build take every connection.
     fn connections(&self) -> Option<usize>;
 

@@ -964,7 +964,7 @@ impl tarn_store::Store for Lagging {
         LAG
     }
     fn connections(&self) -> Option<usize> {
-        None
+        self.inner.connections()
     }
 
     async fn trim_feed(

@@ -164,7 +164,7 @@ impl Store for Failing {
         std::time::Duration::ZERO
     }
     fn connections(&self) -> Option<usize> {
-        None
+        self.inner.connections()
     }
 
     async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {

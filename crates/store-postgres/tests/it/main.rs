@@ -371,3 +371,117 @@ async fn a_pool_busy_past_its_wait_refuses() {
     let row = store.snapshot().await.unwrap().get(&key).await.unwrap();
     assert_eq!(row.map(|r| r.value), Some(b"v".to_vec()));
 }
+
+const PLAN_ROWS: Table = Table::new("plan_rows");
+const PLAN_FEED: Table = Table::new("plan_feed");
+
+fn plan_key(part: &[u8], n: u32) -> Key {
+    Key::new(PLAN_ROWS, part.to_vec(), n.to_be_bytes().to_vec())
+}
+
+/// Runs every statement the store prepares: a write with a put, a delete,
+/// a guard on a row it writes and on one it only reads, an absent guard it
+/// leaves unclaimed, and an append; a point read, a scan of each shape
+/// (either bound absent, included or excluded, either direction), the
+/// feed's reads and a trim, and the export's scans.
+async fn every_statement(store: &PgStore, round: u32) {
+    use std::ops::Bound;
+    let mut b = Batch::new();
+    b.put(plan_key(b"a", round + 1), vec![1], 1)
+        .delete(plan_key(b"a", round))
+        .guard(plan_key(b"g", 0), Expect::Version(1))
+        .guard(plan_key(b"g", 1), Expect::Version(1))
+        .guard(plan_key(b"g", 2 + round), Expect::Absent)
+        .put(plan_key(b"g", 0), vec![1], 1)
+        .append(PLAN_FEED, vec![1]);
+    store.write(b).await.unwrap();
+    let bounds = |at: u8| {
+        [
+            Bound::Unbounded,
+            Bound::Included(vec![at]),
+            Bound::Excluded(vec![at]),
+        ]
+    };
+    let mut scans = Vec::new();
+    for lower in bounds(0) {
+        for upper in bounds(9) {
+            let scan = Scan::partition(PLAN_ROWS, b"a".to_vec(), 10).bounds(lower.clone(), upper);
+            scans.push(scan.clone().direction(tarn_store::Direction::Reverse));
+            scans.push(scan);
+        }
+    }
+    let mut snap = store.snapshot().await.unwrap();
+    snap.read(&[plan_key(b"a", round)], &scans).await.unwrap();
+    let end = snap.feed_end(PLAN_FEED).await.unwrap();
+    snap.read_feed(PLAN_FEED, None, 10).await.unwrap();
+    snap.read_feed(PLAN_FEED, Some(&end), 10).await.unwrap();
+    let (_, next) = snap.scan_all(None, 2).await.unwrap();
+    snap.scan_all(next.as_deref(), 2).await.unwrap();
+    drop(snap);
+    store.trim_feed(PLAN_FEED, &[0; 16], 1).await.unwrap();
+}
+
+/// Regression: PostgreSQL keeps a prepared statement's plan. The joined
+/// bulk delete, planned on a small table, kept scanning it whole as it
+/// grew (a rebuild stalled up to a minute), and the feed's read sorted
+/// every entry after its cursor. Every statement runs while the tables
+/// are small, often enough for a plan to be kept; they grow; each kept
+/// plan must read by the primary key and sort nothing.
+#[tokio::test]
+async fn plans_made_on_small_tables_keep_to_the_primary_key() {
+    let url = fresh_url();
+    let schema = url.rsplit_once("schema=").unwrap().1.to_string();
+    // No autovacuum: its ANALYZE would make PostgreSQL plan again, and
+    // what is tested is a plan kept while nothing does.
+    let store = PgStore::connect(&url).await.unwrap();
+    drop(store);
+    let base = std::env::var("TARN_TEST_POSTGRES").unwrap();
+    let (admin, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE {schema}.tarn_rows SET (autovacuum_enabled = false);
+             ALTER TABLE {schema}.tarn_feed SET (autovacuum_enabled = false);"
+        ))
+        .await
+        .unwrap();
+    // One connection: the one whose plans are looked at.
+    let one = tarn_store_postgres::PgOptions {
+        pool_size: 1,
+        ..Default::default()
+    };
+    let store = PgStore::connect_with(&url, one).await.unwrap();
+    let mut b = Batch::new();
+    b.put(plan_key(b"g", 0), vec![1], 1)
+        .put(plan_key(b"g", 1), vec![1], 1);
+    store.write(b).await.unwrap();
+    // PostgreSQL considers keeping a plan from a statement's sixth run.
+    for round in 0..8 {
+        every_statement(&store, round).await;
+    }
+    for chunk in 0..20u32 {
+        let mut b = Batch::new();
+        for n in 0..1000 {
+            b.put(plan_key(b"z", chunk * 1000 + n), vec![0; 64], 1)
+                .append(PLAN_FEED, vec![0; 64]);
+        }
+        store.write(b).await.unwrap();
+    }
+    every_statement(&store, 8).await;
+    let mut looked_at = 0;
+    for (sql, plan) in store.kept_plans().await.unwrap() {
+        if !sql.contains("tarn_rows") && !sql.contains("tarn_feed") {
+            continue;
+        }
+        assert!(
+            !plan.contains("Seq Scan on tarn_") && !plan.contains("Sort"),
+            "{sql}\n{plan}"
+        );
+        looked_at += 1;
+    }
+    // A point read, 18 scans, two row locks, a claim, the upsert, a delete,
+    // an unclaim, the append, the feed's read and trim, two export scans.
+    assert_eq!(looked_at, 30);
+}
