@@ -901,7 +901,7 @@ async fn apply(tx: &deadpool_postgres::Client, batch: &Batch) -> StoreResult<()>
     let mut guards: Vec<(usize, &tarn_store::Guard)> = batch.guards.iter().enumerate().collect();
     guards.sort_by(|a, b| a.1.key.cmp(&b.1.key));
     // Placeholders of absent keys the batch does not put are removed again.
-    let unclaimed: Vec<&Key> = guards
+    let unclaims: Vec<&Key> = guards
         .iter()
         .filter(|(_, g)| {
             matches!(g.expect, Expect::Absent) && !matches!(last.get(&g.key), Some(Op::Put { .. }))
@@ -941,12 +941,12 @@ async fn apply(tx: &deadpool_postgres::Client, batch: &Batch) -> StoreResult<()>
     let put_params = puts.params_with_values();
     let append_params: [&(dyn ToSql + Sync); 2] = [&feeds, &values];
     let (delete, unclaim) = (&delete, &unclaim);
-    let deleted = deletes.iter().map(|k| async move {
+    let deleting = deletes.iter().map(|k| async move {
         let table = k.table.name();
         tx.execute(delete, &[&table, &k.partition, &k.clustering])
             .await
     });
-    let unclaimed = unclaimed.iter().map(|k| async move {
+    let unclaiming = unclaims.iter().map(|k| async move {
         let table = k.table.name();
         tx.execute(
             unclaim,
@@ -958,8 +958,8 @@ async fn apply(tx: &deadpool_postgres::Client, batch: &Batch) -> StoreResult<()>
     let (held, written) = tokio::join!(futures_util::future::join_all(checks), async {
         let (upserted, deleted, unclaimed, appended) = tokio::join!(
             run_if(!puts.is_empty(), tx, &upsert, &put_params),
-            try_join_all(deleted),
-            try_join_all(unclaimed),
+            try_join_all(deleting),
+            try_join_all(unclaiming),
             run_if(!feeds.is_empty(), tx, &append, &append_params),
         );
         upserted
