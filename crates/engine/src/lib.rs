@@ -311,21 +311,13 @@ impl Engine {
 
     /// Waits for one of the node's upload places.
     pub(crate) async fn upload_place(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
-        self.inner
-            .uploads
-            .acquire()
-            .await
-            .map_err(|e| EngineError::Internal(format!("upload places: {e}")))
+        place(&self.inner.uploads, "upload").await
     }
 
     /// A place for one store call of background index work (see
     /// `indexes::for_each_item`).
     pub(crate) async fn background_place(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
-        self.inner
-            .background
-            .acquire()
-            .await
-            .map_err(|e| EngineError::Internal(format!("background places: {e}")))
+        place(&self.inner.background, "background").await
     }
 
     /// Counts an upload as open (`1`) or over (`-1`).
@@ -477,6 +469,18 @@ impl Engine {
             }
         }
     }
+}
+
+/// Waits for a place of `places` (a node's bounded pool of `what` work;
+/// never closed, so waiting fails only if it were).
+async fn place<'a>(
+    places: &'a tokio::sync::Semaphore,
+    what: &str,
+) -> Result<tokio::sync::SemaphorePermit<'a>> {
+    places
+        .acquire()
+        .await
+        .map_err(|e| EngineError::Internal(format!("{what} places: {e}")))
 }
 
 /// One read of `gets` and `scans`, split into as few calls as the store's
