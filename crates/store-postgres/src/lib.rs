@@ -129,7 +129,49 @@ struct Params {
     sslmode: Option<String>,
     /// `sslrootcert=FILE`: the CA certificates (PEM) to trust.
     sslrootcert: Option<String>,
+    /// `pool_size=N`: connections in the pool ([`PgOptions::pool_size`]).
+    pool_size: Option<String>,
+    /// `pool_wait=MS`: milliseconds a snapshot or a write waits for a free
+    /// connection ([`PgOptions::wait`]).
+    pool_wait: Option<String>,
 }
+
+impl Params {
+    /// `options` with the pool's settings this URL gives.
+    fn pool(&self, mut options: PgOptions) -> StoreResult<PgOptions> {
+        if let Some(n) = &self.pool_size {
+            options.pool_size = match n.parse::<usize>() {
+                Ok(n) if (1..=MAX_POOL_SIZE).contains(&n) => n,
+                _ => {
+                    return Err(StoreError::Invalid(format!(
+                        "pool_size {n:?}: a number of connections from 1 to {MAX_POOL_SIZE}"
+                    )))
+                }
+            };
+        }
+        if let Some(ms) = &self.pool_wait {
+            options.wait = match ms.parse::<u64>() {
+                Ok(ms) if (1..=MAX_POOL_WAIT_MS).contains(&ms) => {
+                    std::time::Duration::from_millis(ms)
+                }
+                _ => {
+                    return Err(StoreError::Invalid(format!(
+                        "pool_wait {ms:?}: milliseconds from 1 to {MAX_POOL_WAIT_MS}"
+                    )))
+                }
+            };
+        }
+        Ok(options)
+    }
+}
+
+/// The most connections `pool_size` may ask for: PostgreSQL's own default
+/// `max_connections` is 100, shared by every node.
+const MAX_POOL_SIZE: usize = 1_000;
+
+/// The longest `pool_wait`: a request waits for a connection this long at
+/// each of the engine's attempts, so a minute already answers overload late.
+const MAX_POOL_WAIT_MS: u64 = 60_000;
 
 /// Splits Tarn's own parameters off a URL.
 fn split_params(url: &str) -> (String, Params) {
@@ -145,6 +187,8 @@ fn split_params(url: &str) -> (String, Params) {
                 "schema" => &mut params.schema,
                 "sslmode" => &mut params.sslmode,
                 "sslrootcert" => &mut params.sslrootcert,
+                "pool_size" => &mut params.pool_size,
+                "pool_wait" => &mut params.pool_wait,
                 _ => return true,
             };
             *slot = Some(v.to_string());
@@ -336,9 +380,11 @@ impl PgStore {
         PgStore::connect_with(url, PgOptions::default()).await
     }
 
-    /// Connects with options.
+    /// Connects with options; the URL's `pool_size` and `pool_wait`
+    /// override theirs.
     pub async fn connect_with(url: &str, options: PgOptions) -> StoreResult<PgStore> {
         let (url, params) = split_params(url);
+        let options = params.pool(options)?;
         let schema = params.schema.clone();
         let mut config = tokio_postgres::Config::from_str(&url)
             .map_err(|e| StoreError::Invalid(format!("PostgreSQL URL: {e}")))?;
@@ -1140,5 +1186,32 @@ mod tests {
         assert!(tls_mode(Some("always")).is_err());
         assert!(check_schema_name("t_1").is_ok());
         assert!(check_schema_name("x; drop").is_err());
+    }
+
+    #[test]
+    fn the_pool_is_sized_by_the_url() {
+        let (url, p) =
+            split_params("postgres://u@h/db?pool_size=40&connect_timeout=5&pool_wait=250");
+        assert_eq!(url, "postgres://u@h/db?connect_timeout=5");
+        let options = p.pool(PgOptions::default()).unwrap();
+        assert_eq!(options.pool_size, 40);
+        assert_eq!(options.wait, std::time::Duration::from_millis(250));
+        let options = Params::default().pool(PgOptions::default()).unwrap();
+        assert_eq!(options.pool_size, 16);
+        assert_eq!(options.wait, std::time::Duration::from_secs(1));
+        for bad in [
+            "pool_size=0",
+            "pool_size=x",
+            "pool_size=1001",
+            "pool_size=",
+            "pool_wait=0",
+            "pool_wait=-1",
+            "pool_wait=60001",
+            "pool_wait=1s",
+        ] {
+            let (_, p) = split_params(&format!("postgres://u@h/db?{bad}"));
+            let e = p.pool(PgOptions::default()).unwrap_err().to_string();
+            assert!(e.contains(bad.split('=').next().unwrap()), "{bad}: {e}");
+        }
     }
 }

@@ -162,7 +162,8 @@ struct ServeArgs {
     #[arg(long, env = "TARN_DATA")]
     data: Option<PathBuf>,
     /// Another store instead of the embedded one, e.g.
-    /// postgres://user@host:5432/tarn or cassandra://h1:9042,h2:9042/tarn?replication=3.
+    /// postgres://user@host:5432/tarn or cassandra://h1:9042,h2:9042/tarn?replication=3
+    /// (PostgreSQL takes ?schema=NAME, ?pool_size=N (16) and ?pool_wait=MS (1000)).
     #[arg(long, env = "TARN_STORE")]
     store: Option<String>,
     /// Whether anyone may sign up [default: open].

@@ -372,6 +372,30 @@ async fn a_pool_busy_past_its_wait_refuses() {
     assert_eq!(row.map(|r| r.value), Some(b"v".to_vec()));
 }
 
+/// The URL's `pool_size` and `pool_wait` size the pool, as an operator
+/// running many nodes on one database sets them.
+#[tokio::test]
+async fn the_url_sizes_the_pool() {
+    let url = format!("{}&pool_size=1&pool_wait=100", fresh_url());
+    let store = PgStore::connect(&url).await.unwrap();
+    assert_eq!(store.connections(), Some(1));
+    let held = store.snapshot().await.unwrap();
+    let refused = tokio::time::timeout(std::time::Duration::from_secs(30), store.snapshot())
+        .await
+        .expect("refused, not queued")
+        .err();
+    assert!(
+        matches!(refused, Some(StoreError::Unavailable(_))),
+        "{refused:?}"
+    );
+    drop(held);
+    let url = format!("{}&pool_size=0", fresh_url());
+    match PgStore::connect(&url).await {
+        Err(StoreError::Invalid(m)) => assert!(m.contains("pool_size"), "{m}"),
+        other => panic!("{:?}", other.err()),
+    }
+}
+
 const PLAN_ROWS: Table = Table::new("plan_rows");
 const PLAN_FEED: Table = Table::new("plan_feed");
 

@@ -346,6 +346,8 @@ fn help_explains_every_setting() {
         "--max-streams-per-user",
         "--app-indexes",
         "TARN_APP_INDEXES",
+        "pool_size",
+        "pool_wait",
     ] {
         assert!(text.contains(flag), "serve --help lacks {flag}: {text}");
     }
