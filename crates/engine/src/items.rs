@@ -6,8 +6,6 @@
 //! its index rows, guarded on the item row's revision (a create: on its kind
 //! bucket, see [`indexes`](crate::indexes)).
 
-use std::ops::Bound;
-
 use serde_json::{Map, Value};
 use tarn_store::{Batch, Expect, Key, ReadResult, Row, Scan, Snapshot};
 
@@ -453,10 +451,7 @@ impl Engine {
         link: Option<&str>,
         if_match: Option<u64>,
     ) -> Result<()> {
-        let links = Scan::partition(ITEMS, id.as_bytes().to_vec(), MAX_LINKS + 1).bounds(
-            Bound::Included(b"l".to_vec()),
-            Bound::Excluded(b"m".to_vec()),
-        );
+        let links = schema::links_scan(id, MAX_LINKS + 1);
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (_, a, defs, own) = self
@@ -504,10 +499,7 @@ impl Engine {
             ));
         }
         let key = b64(&random_bytes::<24>());
-        let links = Scan::partition(ITEMS, id.as_bytes().to_vec(), MAX_LINKS + 1).bounds(
-            Bound::Included(b"l".to_vec()),
-            Bound::Excluded(b"m".to_vec()),
-        );
+        let links = schema::links_scan(id, MAX_LINKS + 1);
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (_, a, _, own) = self

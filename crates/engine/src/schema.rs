@@ -24,9 +24,11 @@
 //! separate from an item's own `version`: background work (an index build)
 //! may rewrite a row without changing what users see.
 
+use std::ops::Bound;
+
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tarn_store::{Key, Row, Table};
+use tarn_store::{Key, Row, Scan, Table};
 
 use crate::error::{corrupt, Result};
 use crate::{BodyMeta, Grant, Principal, Role};
@@ -85,10 +87,26 @@ pub(crate) fn item_key(id: &str) -> Key {
     Key::new(ITEMS, id.as_bytes(), ITEM_ROW.to_vec())
 }
 
+/// The first byte of the clustering key of an item's link rows.
+const LINK_ROWS: u8 = b'l';
+
 pub(crate) fn link_key(item: &str, link: &str) -> Key {
-    let mut clus = b"l".to_vec();
-    clus.extend_from_slice(&crate::sha256(link.as_bytes()));
+    link_key_of_hash(item, &crate::sha256(link.as_bytes()))
+}
+
+/// The row of an item's link, by the hash of its key.
+pub(crate) fn link_key_of_hash(item: &str, hash: &[u8]) -> Key {
+    let mut clus = vec![LINK_ROWS];
+    clus.extend_from_slice(hash);
     Key::new(ITEMS, item.as_bytes(), clus)
+}
+
+/// Up to `limit` of an item's link rows.
+pub(crate) fn links_scan(item: &str, limit: usize) -> Scan {
+    Scan::partition(ITEMS, item.as_bytes().to_vec(), limit).bounds(
+        Bound::Included(vec![LINK_ROWS]),
+        Bound::Excluded(vec![LINK_ROWS + 1]),
+    )
 }
 
 /// The bucket of `kinds` an item id falls in.

@@ -548,9 +548,7 @@ impl Importer {
                 let hash = unhex(&hash).filter(|h| h.len() == 32).ok_or_else(|| {
                     EngineError::InvalidInput("a link hash is 64 hex digits".into())
                 })?;
-                let mut clus = b"l".to_vec();
-                clus.extend_from_slice(&hash);
-                let key = Key::new(ITEMS, item.as_bytes(), clus);
+                let key = schema::link_key_of_hash(&item, &hash);
                 fresh(&mut self.fresh, &key, "link", &format!("of item {item}"))?;
                 b.put(key, schema::encode(&role), 1);
             }
