@@ -333,6 +333,21 @@ async fn tls_connections_verify_the_server() {
     }
 }
 
+/// Awaits `op`, which finds every connection of its pool busy, and asserts
+/// it is refused as unavailable. Not a timing: a pool that queues for ever
+/// fails the 30 s guard instead of hanging.
+async fn assert_refused<T>(op: impl std::future::Future<Output = tarn_store::StoreResult<T>>) {
+    let bounded = std::time::Duration::from_secs(30);
+    match tokio::time::timeout(bounded, op)
+        .await
+        .expect("refused, not queued")
+    {
+        Err(StoreError::Unavailable(_)) => {}
+        Err(e) => panic!("refused otherwise: {e:?}"),
+        Ok(_) => panic!("served while every connection was busy"),
+    }
+}
+
 /// A snapshot or a write that finds every connection busy for longer than
 /// the pool's wait is refused as unavailable (the server answers 503), as
 /// on SQLite, rather than queued for as long as the connections stay busy.
@@ -346,25 +361,10 @@ async fn a_pool_busy_past_its_wait_refuses() {
     let key = Key::new(Table::new("conf_a"), b"p".to_vec(), b"c".to_vec());
     let mut held = store.snapshot().await.unwrap();
     held.get(&key).await.unwrap();
-    // Not a timing: a pool that queues for ever must fail here, not hang.
-    let bounded = std::time::Duration::from_secs(30);
-    let refused = tokio::time::timeout(bounded, store.snapshot())
-        .await
-        .expect("refused, not queued")
-        .err();
-    assert!(
-        matches!(refused, Some(StoreError::Unavailable(_))),
-        "{refused:?}"
-    );
+    assert_refused(store.snapshot()).await;
     let mut b = Batch::new();
     b.put(key.clone(), b"v".to_vec(), 1);
-    let refused = tokio::time::timeout(bounded, store.write(b.clone()))
-        .await
-        .expect("refused, not queued");
-    assert!(
-        matches!(refused, Err(StoreError::Unavailable(_))),
-        "{refused:?}"
-    );
+    assert_refused(store.write(b.clone())).await;
     // Once the connection is free again, both are served.
     drop(held);
     store.write(b).await.unwrap();
@@ -380,14 +380,7 @@ async fn the_url_sizes_the_pool() {
     let store = PgStore::connect(&url).await.unwrap();
     assert_eq!(store.connections(), Some(1));
     let held = store.snapshot().await.unwrap();
-    let refused = tokio::time::timeout(std::time::Duration::from_secs(30), store.snapshot())
-        .await
-        .expect("refused, not queued")
-        .err();
-    assert!(
-        matches!(refused, Some(StoreError::Unavailable(_))),
-        "{refused:?}"
-    );
+    assert_refused(store.snapshot()).await;
     drop(held);
     let url = format!("{}&pool_size=0", fresh_url());
     match PgStore::connect(&url).await {
