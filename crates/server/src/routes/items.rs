@@ -299,7 +299,10 @@ pub struct ListParams {
     kind: Option<String>,
     /// Sort fields, comma-separated, `-field` for descending; default
     /// `-modifiedAt`. A declared index must serve the combination.
-    #[param(pattern = "^[-+]?[^,+-][^,]*(,[-+]?[^,+-][^,]*)*$")]
+    #[param(
+        pattern = "^[-+]?[^,+-][^,]*(,[-+]?[^,+-][^,]*)*$",
+        default = "-modifiedAt"
+    )]
     sort: Option<String>,
     /// Page size.
     #[param(minimum = 1, maximum = 1000, default = 50)]
