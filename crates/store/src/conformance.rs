@@ -798,7 +798,8 @@ pub async fn feed_pollers_never_miss_concurrent_appends(s: Arc<dyn Store>) {
     assert_eq!(n, 200, "every acknowledged entry seen");
 }
 
-/// Trimming removes the oldest entries up to a cursor, in bounded steps.
+/// Trimming removes the oldest entries up to a cursor, in bounded steps;
+/// a feed trimmed empty keeps its end after what it held.
 pub async fn feed_trims_the_oldest(s: Arc<dyn Store>) {
     let f = Table::new("conf_feed_trim");
     for i in 0..10u8 {
@@ -814,6 +815,23 @@ pub async fn feed_trims_the_oldest(s: Arc<dyn Store>) {
     assert_eq!(
         left.iter().map(|e| e.value[0]).collect::<Vec<_>>(),
         vec![6, 7, 8, 9]
+    );
+    // Trimmed empty, the feed's end is still after every entry it had: a
+    // cursor taken there is not older than what was trimmed, and reads on
+    // to the next entry alone.
+    assert_eq!(s.trim_feed(f, &all[9].cursor, 100).await.unwrap(), 4);
+    assert!(read_feed(&*s, f, None, 100).await.is_empty());
+    let end = s.snapshot().await.unwrap().feed_end(f).await.unwrap();
+    assert!(
+        end >= all[9].cursor,
+        "the end went back to before the trimmed"
+    );
+    append(&*s, f, &[10]).await;
+    settle(&*s).await;
+    let after = read_feed(&*s, f, Some(&end), 100).await;
+    assert_eq!(
+        after.iter().map(|e| e.value[0]).collect::<Vec<_>>(),
+        vec![10]
     );
 }
 

@@ -557,7 +557,8 @@ pub trait Snapshot: Send {
 
     /// A cursor at the current end of `feed`: every entry
     /// [`Snapshot::read_feed`] could return now comes at or before it,
-    /// and every later one after it.
+    /// and every later one after it. Never before an entry trimmed away
+    /// ([`Store::trim_feed`]), also when trimming left the feed empty.
     async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>>;
 }
 

@@ -29,6 +29,10 @@ struct State {
     feeds: BTreeMap<Table, BTreeMap<u64, (u64, Vec<u8>)>>,
     /// Last sequence number given, per feed.
     sequence: u64,
+    /// The last sequence number trimmed away, per feed: a feed's end is
+    /// never before it, so a cursor taken at the end of a feed trimmed
+    /// empty is not older than what was trimmed.
+    trimmed: BTreeMap<Table, u64>,
 }
 
 /// Rows in nested ordered maps: `(table, partition) -> clustering -> history`.
@@ -205,7 +209,8 @@ impl Snapshot for MemorySnapshot {
             .feeds
             .get(&feed)
             .and_then(|f| f.iter().rev().find(|(_, (c, _))| *c <= at).map(|(q, _)| *q))
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .max(s.trimmed.get(&feed).copied().unwrap_or(0));
         Ok(last.to_be_bytes().to_vec())
     }
 }
@@ -307,6 +312,10 @@ impl Store for MemoryStore {
             .collect();
         for q in &gone {
             entries.remove(q);
+        }
+        if let Some(last) = gone.last() {
+            let mark = s.trimmed.entry(feed).or_default();
+            *mark = (*mark).max(*last);
         }
         Ok(gone.len())
     }
