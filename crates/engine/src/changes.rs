@@ -968,11 +968,18 @@ impl Engine {
         }
     }
 
-    /// Trims the changes older than the retention, in bounded steps; the
-    /// cursor of the last entry trimmed is recorded first, so a caller
-    /// asking from before it is told to resync rather than miss changes.
+    /// Trims the changes older than the retention (see
+    /// [`Engine::trim_changes_before`]).
     pub async fn trim_changes(&self) -> Result<usize> {
         let horizon = self.now() - self.config().feed_retention.as_micros() as i64;
+        self.trim_changes_before(horizon).await
+    }
+
+    /// Trims the changes made before `horizon` (microseconds since the
+    /// epoch), in bounded steps; the cursor of the last entry trimmed is
+    /// recorded first, so a caller asking from before it is told to resync
+    /// rather than miss changes.
+    pub(crate) async fn trim_changes_before(&self, horizon: i64) -> Result<usize> {
         let mut removed = 0;
         loop {
             let entries = self

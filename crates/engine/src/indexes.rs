@@ -336,6 +336,26 @@ pub(crate) fn bucket_of(id: &str, split: u32) -> u32 {
     }
 }
 
+/// Why a text index for `kind` with these `where` fields cannot be
+/// declared beside `defs`, if one of them already serves those searches: a
+/// search is served by one text index, so a second would never be read.
+pub(crate) fn text_twin(defs: &[IndexDef], kind: &str, where_: &[String]) -> Option<String> {
+    let fields: BTreeSet<&String> = where_.iter().collect();
+    defs.iter()
+        .find(|d| {
+            d.is_text()
+                && d.state != IndexState::Dropping
+                && d.kind.as_deref() == Some(kind)
+                && d.where_.iter().collect::<BTreeSet<_>>() == fields
+        })
+        .map(|twin| {
+            format!(
+                "text index {} already serves searches of kind {kind} with these where fields; drop it first",
+                twin.name
+            )
+        })
+}
+
 /// Refuses a declaration no administrator could make (declared, or read
 /// from an export): a name and kind, where and sort fields an index can
 /// have, each named once; a sort index sorts by a field at least; a text
@@ -733,21 +753,10 @@ impl Engine {
                         )));
                     }
                 }
-                let fields: BTreeSet<&String> = where_.iter().collect();
-                let twin = defs.defs.iter().find(|d| {
-                    !text.is_empty()
-                        && d.is_text()
-                        && d.state != IndexState::Dropping
-                        && d.kind.as_deref() == Some(kind)
-                        && d.where_.iter().collect::<BTreeSet<_>>() == fields
-                });
-                if let Some(twin) = twin {
-                    // A search is served by one text index: a second one
-                    // for the same searches would never be read.
-                    return Err(EngineError::Conflict(format!(
-                        "text index {} already serves searches of kind {kind} with these where fields; drop it first",
-                        twin.name
-                    )));
+                if !text.is_empty() {
+                    if let Some(twin) = text_twin(&defs.defs, kind, &where_) {
+                        return Err(EngineError::Conflict(twin));
+                    }
                 }
                 if defs.defs.len() >= MAX_INDEXES {
                     return Err(EngineError::Conflict(format!(

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tarn_store::{Batch, Key, Snapshot, SnapshotExt, Store, StoreError};
+use tarn_store::{Batch, Snapshot, SnapshotExt, Store, StoreError};
 
 pub use bodies::{check_content_type, media_essence, BodyRange, BodyReader, BodyUpload};
 pub use changes::{Change, ChangeOp, ChangePage, Event, Subscription, POLL};
@@ -286,7 +286,7 @@ impl Engine {
     /// shown, and new in a store made by an import. Read once a process:
     /// it never changes, so nothing read from it is ever stale.
     pub(crate) async fn cursor_key(&self) -> Result<&[u8]> {
-        let key = Key::new(schema::META, b"cursors".to_vec(), b"key".to_vec());
+        let key = schema::cursor_key_row();
         let made = self
             .inner
             .cursor_key

@@ -79,6 +79,11 @@ pub(crate) fn group_key(id: &str) -> Key {
     Key::new(GROUPS, id.as_bytes(), b"g".to_vec())
 }
 
+/// The row of the key cursors are sealed with (see `Engine::cursor_key`).
+pub(crate) fn cursor_key_row() -> Key {
+    Key::new(META, b"cursors".to_vec(), b"key".to_vec())
+}
+
 pub(crate) fn layout_key() -> Key {
     Key::new(META, b"layout".to_vec(), b"l".to_vec())
 }

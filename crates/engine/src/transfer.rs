@@ -20,7 +20,7 @@ use std::ops::Bound;
 use sha2::Digest;
 
 use serde::{Deserialize, Serialize};
-use tarn_store::{Batch, Expect, Key, Row, Scan, SnapshotExt};
+use tarn_store::{Batch, Expect, Key, Row, Scan, SnapshotExt, StoreError};
 
 use crate::actor::Admit;
 use crate::error::{EngineError, Result};
@@ -262,6 +262,16 @@ impl Engine {
         }
     }
 
+    /// Whether the store holds no row at all: no server started on it and
+    /// nothing was imported into it (a schema or keyspace that opening it
+    /// just made, under a name mistyped).
+    pub async fn holds_nothing(&self) -> Result<bool> {
+        let (rows, _) = self
+            .retrying(|| async { Ok(self.snapshot().await?.scan_all(None, 1).await?) })
+            .await?;
+        Ok(rows.is_empty())
+    }
+
     /// A batch of at most `limit` of the store's rows, every table's,
     /// after `cursor` (from the first without it), in one snapshot; and
     /// the cursor to go on from. Sets `limit` for the next batch from the
@@ -435,6 +445,17 @@ impl Importer {
                 return Err(EngineError::InvalidInput(format!(
                     "index {} comes twice",
                     index.name
+                )));
+            }
+            if !index.text.is_empty() {
+                if let Some(twin) = crate::indexes::text_twin(&self.declared, kind, &index.where_) {
+                    return Err(EngineError::InvalidInput(twin));
+                }
+            }
+            if self.declared.len() >= crate::indexes::MAX_INDEXES {
+                return Err(EngineError::InvalidInput(format!(
+                    "at most {} indexes",
+                    crate::indexes::MAX_INDEXES
                 )));
             }
             self.declared.push(index);
@@ -698,14 +719,35 @@ impl Importer {
     /// item), with fresh uids; answers them.
     async fn declare(&mut self) -> Result<crate::indexes::Defs> {
         let engine = self.engine.clone();
-        // First of all, the mark of an import under way (and only one).
+        // First of all, the mark of an import under way: one import at a
+        // time, so a second one is refused at once rather than tried again
+        // until the first is done.
         let mark = unfinished_key();
         let mut b = Batch::new();
         b.put(mark.clone(), schema::MARK.to_vec(), 1)
-            .guard(mark, Expect::Absent);
+            .guard(mark.clone(), Expect::Absent);
         engine
-            .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
+            .retrying(|| async {
+                match engine.store().write(b.clone()).await {
+                    Err(StoreError::GuardFailed { .. }) => Err(EngineError::InvalidInput(
+                        "another import into this store is under way".into(),
+                    )),
+                    written => Ok(written?),
+                }
+            })
             .await?;
+        // The store was found empty before the mark: an import that began
+        // and ended in between filled it.
+        if !engine.is_empty().await? {
+            let mut b = Batch::new();
+            b.delete(mark);
+            engine
+                .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
+                .await?;
+            return Err(EngineError::InvalidInput(
+                "another import filled this store: import into an empty one".into(),
+            ));
+        }
         self.marked = true;
         // Then the administrator a server made (the one user an empty
         // store may hold), so that the file's users are all there is: its
@@ -728,6 +770,18 @@ impl Importer {
                     .guard(key, Expect::Version(row.version));
                 Ok(engine.store().write(b).await?)
             })
+            .await?;
+        // What that administrator did goes too, with the key its cursors
+        // were sealed with: the store's history starts with the file, and a
+        // cursor handed out before is foreign to it (`400`; one a running
+        // node still reads with the old key finds its changes trimmed).
+        engine.trim_changes_before(i64::MAX).await?;
+        let mut b = Batch::new();
+        b.delete(schema::cursor_key_row());
+        // Laid out for this backend, as its items' rows are.
+        b.put(schema::layout_key(), schema::encode(&engine.split()), 1);
+        engine
+            .retrying(|| async { Ok(engine.store().write(b.clone()).await?) })
             .await?;
         let mut b = Batch::new();
         for d in &self.declared {
@@ -820,6 +874,13 @@ fn check_item(engine: &Engine, item: &Item) -> Result<()> {
     }
     if item.acl.len() > crate::items::MAX_GRANTS {
         return Err(crate::items::too_many_grants());
+    }
+    let mut named = BTreeSet::new();
+    if let Some(twice) = item.acl.iter().find(|g| !named.insert(&g.principal)) {
+        return Err(EngineError::InvalidInput(format!(
+            "item {}: its ACL names {} twice",
+            item.id, twice.principal
+        )));
     }
     if !item.acl.iter().any(|g| g.role == Role::Manager) {
         return Err(EngineError::InvalidInput(format!(
