@@ -668,6 +668,10 @@ async fn export(args: ExportArgs) -> anyhow::Result<()> {
     if engine.import_unfinished().await? {
         bail!("{PARTIAL}");
     }
+    // Opening a PostgreSQL schema or a Cassandra keyspace makes it too.
+    if engine.holds_nothing().await? {
+        bail!("the store holds nothing (no server started on it and nothing was imported into it: is its schema or keyspace named right?): nothing to export");
+    }
     let mut out: Box<dyn Write> = match &args.out {
         Some(p) => Box::new(std::io::BufWriter::new(
             // Readable by its owner alone: it holds every password hash
@@ -698,8 +702,19 @@ async fn export(args: ExportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How each store is emptied.
+macro_rules! emptying {
+    () => {
+        "the embedded store: remove its directory; PostgreSQL: drop its schema, or its tables named tarn_*; Cassandra: drop its keyspace"
+    };
+}
+
 /// What a store left by a failed import is told to be.
-const PARTIAL: &str = "the store holds an import that did not finish: empty it (the embedded store: remove its directory) and import again";
+const PARTIAL: &str = concat!(
+    "the store holds an import that did not finish: empty it (",
+    emptying!(),
+    ") and import again"
+);
 
 /// The longest line an import reads: far past any record an export writes
 /// (a chunk of a body is 256 KiB, base64 a third more; an item's
@@ -736,7 +751,7 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
     // Until the importer writes, the store holds nothing of the file.
     let failed = |at: String, wrote: bool| {
         if wrote {
-            format!("{at}; the store now holds part of the file, so empty it (the embedded store: remove its directory) before importing again")
+            format!("{at}; the store now holds part of the file, so empty it ({}) before importing again", emptying!())
         } else {
             format!("{at}; nothing was written")
         }

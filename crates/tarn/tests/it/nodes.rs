@@ -797,3 +797,30 @@ fn a_cassandra_node_dies_under_load() {
     }
     assert!(!made.is_empty(), "items were made under load");
 }
+
+/// An export of a PostgreSQL schema no server made and nothing was
+/// imported into (a name mistyped) is refused, as one of a data directory
+/// that holds no store is: opening it made it, and its empty export read
+/// as a backup (found by a black-box audit). Served once, it exports.
+#[test]
+fn an_export_of_a_schema_nothing_made_is_refused() {
+    let url = fresh_url();
+    let export = || {
+        Command::new(env!("CARGO_BIN_EXE_tarn"))
+            .args(["export", "--store", &url])
+            .output()
+            .unwrap()
+    };
+    let out = export();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("holds nothing"), "{said}");
+    assert!(out.stdout.is_empty(), "no records written");
+    drop(start(&url));
+    let out = export();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let lines = String::from_utf8_lossy(&out.stdout);
+    assert!(lines.contains("\"type\":\"user\""), "{lines}");
+    assert!(lines.contains("\"type\":\"end\""), "{lines}");
+}
