@@ -13,7 +13,10 @@
 //!   password it sends. This bounds the guesses (and password hashes) of
 //!   one address, also those sent at once, which the delay does not: each
 //!   reads the pair's count before any of them has added to it. (Clients
-//!   behind one address share its count.)
+//!   behind one address share its count.) A failure is counted once its
+//!   password is checked, so the sign-ins already past the check when the
+//!   address's last allowed failure lands are checked too: the bound is
+//!   that many more, at most the password hashers' queues.
 //!
 //! The client address is the caller's to determine (the server takes the
 //! TCP peer, or the `X-Forwarded-For` entry left by a trusted proxy).

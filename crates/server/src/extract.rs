@@ -530,8 +530,22 @@ impl Cidr {
     }
 }
 
-/// The client's address: the TCP peer, or, when the peer is a trusted
-/// proxy, the rightmost `X-Forwarded-For` address that is not one.
+/// What a client is counted as, for its connections, its failed sign-ins
+/// and its anonymous event streams: its address, or for IPv6 its /64 (one
+/// host commonly holds a whole /64, and would otherwise count as many).
+pub fn counted_as(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+        v4 => v4,
+    }
+}
+
+/// The client's address, as it is counted ([`counted_as`]): the TCP
+/// peer's, or, when the peer is a trusted proxy, the rightmost
+/// `X-Forwarded-For` address that is not one.
 pub struct ClientAddr(pub Option<String>);
 
 /// The client address of a request from `peer` with these headers.
@@ -585,7 +599,12 @@ impl FromRequestParts<AppState> for ClientAddr {
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> ApiResult<ClientAddr> {
         Ok(ClientAddr(
             parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| {
-                client_addr(c.0.ip(), &parts.headers, &s.config.trusted_proxies).to_string()
+                counted_as(client_addr(
+                    c.0.ip(),
+                    &parts.headers,
+                    &s.config.trusted_proxies,
+                ))
+                .to_string()
             }),
         ))
     }

@@ -47,7 +47,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::AsyncWriteExt;
 use tower_service::Service;
 
-use crate::extract::Cidr;
+use crate::extract::{counted_as, Cidr};
 use crate::metrics::Metrics;
 use crate::wire::{Listening, Wire};
 
@@ -162,18 +162,6 @@ struct AddressSlot {
     counts: Arc<PerAddress>,
     key: IpAddr,
     stripe: usize,
-}
-
-/// What connections are counted under: the address, or for IPv6 its /64
-/// (one host commonly holds a whole /64).
-fn counted_as(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
-        },
-        v4 => v4,
-    }
 }
 
 impl PerAddress {

@@ -149,18 +149,6 @@ pub async fn changes(
     ))
 }
 
-/// The client whose count a stream of a caller signed in as no one goes
-/// to: its address, or for IPv6 its /64 (a client may hold a whole one).
-fn stream_holder(address: &str) -> String {
-    match address.parse::<std::net::IpAddr>() {
-        Ok(std::net::IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_none() => {
-            let s = v6.segments();
-            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
-        }
-        _ => address.to_string(),
-    }
-}
-
 /// The changes the caller may see, live (server-sent events)
 ///
 /// Each change is one event whose `id` is its cursor and whose `data` is
@@ -194,7 +182,7 @@ pub async fn events(
             &auth.caller,
             params.since.as_deref(),
             params.kind.as_deref(),
-            address.as_deref().map(stream_holder).as_deref(),
+            address.as_deref(),
         )
         .await?;
     let stopped = s.stopped();

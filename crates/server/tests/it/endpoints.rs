@@ -239,6 +239,38 @@ async fn failed_sign_ins_are_slowed_and_a_failing_address_refused() {
     }
 }
 
+/// An IPv6 client is counted by its /64, as its connections are: one host
+/// commonly holds a whole /64, and changing address within it gave every
+/// guess a fresh count (found by a black-box audit: 120 failures from one
+/// /64, no `429`).
+#[tokio::test]
+async fn failed_sign_ins_count_per_ipv6_slash_64() {
+    let app = TestApp::new().await;
+    app.user("alice").await;
+    let sign_in = |peer: String, password: &'static str| {
+        let mut req = Request::post("/api/v1/sessions")
+            .header("content-type", "application/json")
+            .body(Body::from(
+                json!({"username": "alice", "password": password}).to_string(),
+            ))
+            .unwrap();
+        let peer: std::net::SocketAddr = peer.parse().unwrap();
+        req.extensions_mut().insert(ConnectInfo(peer));
+        app.raw(req)
+    };
+    for i in 0..tarn_engine::ADDRESS_FAILURES {
+        sign_in(format!("[2001:db8:5:5::{i:x}]:4711"), "wrong-password")
+            .await
+            .expect(401);
+    }
+    sign_in("[2001:db8:5:5:ffff::1]:4711".into(), "alice-password")
+        .await
+        .expect(429);
+    sign_in("[2001:db8:5:6::1]:4711".into(), "alice-password")
+        .await
+        .expect(201);
+}
+
 #[tokio::test]
 async fn groups_members_and_managers() {
     let app = TestApp::new().await;
