@@ -604,6 +604,32 @@ impl Engine {
         self.finish_walk(snap, Walk::from(start)).await
     }
 
+    /// Reads the levels of every walk of `walks` to its end, together: one
+    /// read a level for all of them.
+    pub(crate) async fn finish_walks(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        mut walks: Vec<Walk>,
+    ) -> Result<Vec<Walk>> {
+        loop {
+            let open: Vec<(usize, Vec<Scan>)> = walks
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| !w.done())
+                .map(|(i, w)| (i, w.scans()))
+                .collect();
+            if open.is_empty() {
+                return Ok(walks);
+            }
+            let all: Vec<Scan> = open.iter().flat_map(|(_, s)| s.iter().cloned()).collect();
+            let mut answers = crate::read(snap, &[], &all).await?.scans.into_iter();
+            for (i, scans) in &open {
+                let mine: Vec<Vec<Row>> = answers.by_ref().take(scans.len()).collect();
+                walks[*i].absorb(&mine)?;
+            }
+        }
+    }
+
     /// Reads the levels of `walk` to its end.
     pub(crate) async fn finish_walk(
         &self,

@@ -190,16 +190,16 @@ impl Engine {
         .await
     }
 
-    /// How many levels of groups lie below `group` (0: no nested group), or
-    /// a refusal when there are too many to examine; the pending nestings
-    /// read go to `seen`.
+    /// How many levels of groups lie below `group` (0: no nested group),
+    /// with those groups, or a refusal when there are too many to examine;
+    /// the pending nestings read go to `seen`.
     async fn depth_below(
         &self,
         snap: &mut Box<dyn Snapshot>,
         group: &str,
         admit: Admit,
         seen_pending: &mut Vec<Seen>,
-    ) -> Result<usize> {
+    ) -> Result<(usize, BTreeSet<String>)> {
         let mut level = vec![group.to_string()];
         let mut seen = BTreeSet::new();
         let mut depth = 0;
@@ -257,7 +257,60 @@ impl Engine {
             }
             level = next;
         }
-        Ok(depth)
+        Ok((depth, seen))
+    }
+
+    /// Why nesting `child` into a group is refused for a user of `child`
+    /// or of the groups `below` it, if it is: each comes to belong to the
+    /// groups `gained` too, and none may pass [`MAX_GROUPS`]. Without this
+    /// check a user in other groups as well passed the bound unchecked, and
+    /// resolving them stopped at it, so that they silently lost groups they
+    /// had (found by a black-box audit: anyone could nest someone else's
+    /// group into a thousand groups of their own, and its members lost
+    /// access through the groups it was in before). Reads the users a page
+    /// at a time, and each page's groups together.
+    async fn users_past_the_bound(
+        &self,
+        snap: &mut Box<dyn Snapshot>,
+        child: &str,
+        below: &BTreeSet<String>,
+        gained: &BTreeSet<&str>,
+        admit: Admit,
+    ) -> Result<Option<String>> {
+        const PAGE: usize = 256;
+        for group in std::iter::once(child).chain(below.iter().map(String::as_str)) {
+            let mut after = Bound::Included(b"user:".to_vec());
+            loop {
+                let scan = Scan::partition(MEMBERS, group.as_bytes().to_vec(), PAGE)
+                    .bounds(after, Bound::Excluded(b"user;".to_vec()));
+                let rows = snap.scan_many(&[scan]).await?.remove(0);
+                let users: Vec<Principal> = rows
+                    .iter()
+                    .map(|r| {
+                        let p = std::str::from_utf8(&r.clustering)
+                            .map_err(|e| crate::error::corrupt("member", e))?;
+                        Ok(Principal::User(p.trim_start_matches("user:").to_string()))
+                    })
+                    .collect::<Result<_>>()?;
+                let walks = users.iter().map(|u| Walk::admitting(u, admit)).collect();
+                for (user, walk) in users.iter().zip(self.finish_walks(snap, walks).await?) {
+                    let mut after: BTreeSet<&str> = walk.found.iter().map(String::as_str).collect();
+                    after.extend(gained);
+                    if walk.truncated || after.len() > MAX_GROUPS {
+                        return Ok(Some(format!(
+                            "{user}, a member of group:{child}, would belong to more than {MAX_GROUPS} groups"
+                        )));
+                    }
+                }
+                match rows.last() {
+                    Some(last) if rows.len() == PAGE => {
+                        after = Bound::Excluded(last.clustering.clone());
+                    }
+                    _ => break,
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Why nesting `child` into `id` is refused, counting the pending
@@ -303,7 +356,7 @@ impl Engine {
                 seen,
             );
         }
-        let below = match self.depth_below(snap, child, admit, &mut seen).await {
+        let (below, groups_below) = match self.depth_below(snap, child, admit, &mut seen).await {
             Err(EngineError::Conflict(m)) => return refusal(m, seen),
             other => other?,
         };
@@ -318,6 +371,14 @@ impl Engine {
                 ),
                 seen,
             );
+        }
+        let mut gained: BTreeSet<&str> = above.found.iter().map(String::as_str).collect();
+        gained.insert(id);
+        if let Some(m) = self
+            .users_past_the_bound(snap, child, &groups_below, &gained, admit)
+            .await?
+        {
+            return refusal(m, seen);
         }
         Ok((None, seen))
     }

@@ -125,6 +125,70 @@ async fn nesting_a_victims_group_everywhere_is_bounded() {
     victim_still_works(&e, &victim).await;
 }
 
+/// Nesting a group is refused when it would put one of its users past the
+/// bound, counting the other groups that user is in: it used to count the
+/// nested group's own groups only, and was kept, and the user then lost
+/// groups they had, silently, as resolving stopped at the bound (found by
+/// a black-box audit: a stranger nested someone else's `course` into a
+/// thousand groups of their own, and its members lost `dept`, which
+/// `course` was in, with the items shared with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nesting_past_the_bound_of_a_users_groups_is_refused() {
+    let e = engine(Arc::new(tarn_store::memory::MemoryStore::new()));
+    let owner = sign_up(&e, "owner").await;
+    let member = sign_up(&e, "member").await;
+    let stranger = sign_up(&e, "stranger").await;
+    for g in ["course", "dept", "club"] {
+        e.create_group(&owner, g, None, Default::default())
+            .await
+            .unwrap();
+    }
+    let user = Principal::User("member".into());
+    let course = Principal::Group("course".into());
+    e.add_member(&owner, "course", &user).await.unwrap();
+    e.add_member(&owner, "club", &user).await.unwrap();
+    e.add_member(&owner, "dept", &course).await.unwrap();
+    let shared = vec![tarn_engine::Grant {
+        principal: Principal::Group("dept".into()),
+        role: tarn_engine::Role::Viewer,
+    }];
+    let item = e
+        .create_item(&owner, "doc", props(json!({})), shared)
+        .await
+        .unwrap()
+        .item
+        .id;
+    let mut kept = 0;
+    let mut refused = None;
+    for i in 0..1000 {
+        let id = format!("0-{i:04}");
+        e.create_group(&stranger, &id, None, Default::default())
+            .await
+            .unwrap();
+        match e.add_member(&stranger, &id, &course).await {
+            Ok(()) => kept += 1,
+            Err(EngineError::Conflict(m)) => {
+                assert!(m.contains("user:member"), "{m}");
+                refused = Some(m);
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(refused.is_some(), "kept {kept} nestings, none refused");
+    // The user's groups: course, club, dept and the stranger's, no more
+    // than the bound, and every one they had before.
+    let groups = e.me(&member).await.unwrap().groups;
+    assert_eq!(groups.len(), 3 + kept);
+    assert!(groups.len() <= 1000);
+    for g in ["course", "dept", "club"] {
+        assert!(groups.iter().any(|have| have == g), "{g} lost");
+    }
+    e.get_item(&member, &item, None)
+        .await
+        .expect("still read through dept");
+}
+
 /// A user in the innermost group of a chain as deep as the bound allows
 /// belongs to every group of it, and may still join others: the walk reads
 /// one level past the bound to see that nothing lies there (it used to
