@@ -259,14 +259,16 @@ pub async fn get(
     h.insert(header::ETAG, etag);
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     // Stored bytes are never active content of this origin: no sniffing,
-    // no script, and anything a browser could run is downloaded.
+    // no script, no page of any site framing them (a page of a sibling
+    // site could show a body to its reader, with their cookie), and
+    // anything a browser could run is downloaded.
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
     h.insert(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("default-src 'none'; sandbox"),
+        HeaderValue::from_static("default-src 'none'; sandbox; frame-ancestors 'none'"),
     );
     if !displays_inline(&meta.content_type) {
         h.insert(

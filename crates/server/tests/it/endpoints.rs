@@ -790,6 +790,12 @@ async fn bodies_with_ranges() {
     assert_eq!(full.header("content-length"), Some("300000"));
     assert_eq!(full.header("etag"), Some("\"2\""));
     assert_eq!(full.header("accept-ranges"), Some("bytes"));
+    // Never active content of this origin, nor framed by any page.
+    assert_eq!(full.header("x-content-type-options"), Some("nosniff"));
+    assert_eq!(
+        full.header("content-security-policy"),
+        Some("default-src 'none'; sandbox; frame-ancestors 'none'")
+    );
     let part = app
         .call_with(
             Method::GET,
