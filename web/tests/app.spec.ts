@@ -275,6 +275,30 @@ test('chat: a room is a group, and messages go each way live', async () => {
   await bob.page.getByRole('button', { name: 'Leave this group' }).click();
   await expect(bob.page.getByRole('heading', { level: 1, name: 'Groups' })).toBeVisible();
   await expect(bob.page.getByText('You are in no group yet.')).toBeVisible();
+
+  // Out of the room, bob is told only its members write there, and has no
+  // box to write in (anyone could post into any room, found by an audit).
+  await bob.page.goto('/chat/team');
+  await expect(bob.page.getByRole('heading', { level: 1, name: 'Room team' })).toBeVisible();
+  await expect(bob.page.getByText("Only the room's members write here")).toBeVisible();
+  await expect(bob.page.getByLabel('Message', { exact: true })).toHaveCount(0);
+});
+
+test('a server out of reach is said, sign-out keeps the session, and the page goes on once it answers', async () => {
+  // Every call failing at the network, as when the server is down: before,
+  // no page caught it, and forms stayed busy and lists "Loading…" for ever.
+  const { page } = bob;
+  await navigate(page, 'Groups');
+  await page.route('**/api/v1/**', (route) => route.abort('connectionrefused'));
+  await page.getByLabel('Group id').fill('reached');
+  await page.getByRole('button', { name: 'Create group' }).click();
+  await expect(page.getByRole('alert')).toContainText('The server cannot be reached');
+  await page.getByRole('button', { name: 'Sign out' }).click();
+  await expect(page.getByRole('alert').first()).toContainText('The server cannot be reached');
+  await expect(page.getByRole('button', { name: 'Sign out' })).toBeVisible();
+  await page.unroute('**/api/v1/**');
+  await page.getByRole('button', { name: 'Create group' }).click();
+  await expect(page.getByRole('heading', { level: 1, name: 'reached' })).toBeVisible();
 });
 
 test('an administrator declares a text index; search finds what each may read and nothing else', async ({ browser }) => {

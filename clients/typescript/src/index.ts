@@ -47,11 +47,39 @@ export const CSRF_HEADER = 'X-Tarn-CSRF';
 
 const SAFE = new Set(['GET', 'HEAD', 'OPTIONS']);
 
+/**
+ * What a call answers when the server cannot be reached (the network
+ * failed, or the server is down): a `503` problem like the server's own, so
+ * that every caller shows it as it shows any refusal instead of failing
+ * with an exception no page catches.
+ */
+function unreachable(): Response {
+  const problem: Problem = {
+    type: 'unavailable',
+    title: 'Service Unavailable',
+    status: 503,
+    detail: 'The server cannot be reached; try again in a moment.',
+  };
+  return new Response(JSON.stringify(problem), {
+    status: 503,
+    headers: { 'content-type': 'application/problem+json' },
+  });
+}
+
 /** A client of one server. */
 export function createTarnClient(options: TarnClientOptions = {}): TarnClient {
+  const send = options.fetch ?? ((request: Request) => globalThis.fetch(request));
   const client = createClient<paths>({
     baseUrl: options.baseUrl ?? '',
-    fetch: options.fetch,
+    fetch: async (request: Request) => {
+      try {
+        return await send(request);
+      } catch (e) {
+        // A call its caller aborted stays aborted.
+        if (request.signal?.aborted) throw e;
+        return unreachable();
+      }
+    },
     credentials: 'same-origin',
   });
   const auth: Middleware = {

@@ -1,14 +1,28 @@
 // Who is signed in. The session itself is an HttpOnly cookie the page's
 // script cannot read: this only holds what /me says.
-import { api, type Me } from './api';
+import { api, describe, type Me } from './api';
 
-export const session = $state<{ me: Me | null; checked: boolean }>({ me: null, checked: false });
+/**
+ * `problem`: why the last question to the server got no answer (it could
+ * not be reached, or failed), shown until one succeeds; who is signed in
+ * is then left as it was.
+ */
+export const session = $state<{ me: Me | null; checked: boolean; problem: string | null }>({
+  me: null,
+  checked: false,
+  problem: null,
+});
 
 /** Asks the server who the cookie belongs to (null when nobody). */
 export async function refresh(): Promise<Me | null> {
-  const { data } = await api.GET('/api/v1/me');
-  session.me = data ?? null;
-  session.checked = true;
+  const { data, error, response } = await api.GET('/api/v1/me');
+  if (data || response.status === 401) {
+    session.me = data ?? null;
+    session.checked = true;
+    session.problem = null;
+  } else {
+    session.problem = describe(error);
+  }
   return session.me;
 }
 
@@ -22,7 +36,11 @@ export async function signIn(username: string, password: string): Promise<string
   return null;
 }
 
-export async function signOut() {
-  await api.DELETE('/api/v1/sessions/current');
+/** Ends the session; answers why it could not (the session goes on). */
+export async function signOut(): Promise<string | null> {
+  const { error, response } = await api.DELETE('/api/v1/sessions/current');
+  // A session the server no longer knows is as good as ended.
+  if (error && response.status !== 401) return describe(error);
   session.me = null;
+  return null;
 }
