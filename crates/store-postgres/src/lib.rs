@@ -46,6 +46,12 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
+/// How long a new connection (TCP, TLS and PostgreSQL's start-up) may take:
+/// a server that accepts connections and never answers is refused after
+/// it, rather than waited for for ever (`tarn serve` printed nothing and
+/// never started).
+const CONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Marks a placeholder row written to lock an absent guarded key.
 const PLACEHOLDER: i64 = -1;
 
@@ -112,9 +118,13 @@ fn map_code(e: &tokio_postgres::Error, text: String) -> StoreError {
 fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
     match e {
         deadpool_postgres::PoolError::Backend(e) => map_err(e),
-        deadpool_postgres::PoolError::Timeout(_) => {
+        deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) => {
             StoreError::Unavailable("every connection of the pool stayed busy".into())
         }
+        deadpool_postgres::PoolError::Timeout(_) => StoreError::Unavailable(format!(
+            "PostgreSQL did not answer a new connection within {} s",
+            CONNECT_WAIT.as_secs()
+        )),
         other => StoreError::Unavailable(other.to_string()),
     }
 }
@@ -411,6 +421,8 @@ impl PgStore {
         let pool = Pool::builder(manager)
             .max_size(options.pool_size)
             .wait_timeout(Some(options.wait))
+            .create_timeout(Some(CONNECT_WAIT))
+            .recycle_timeout(Some(CONNECT_WAIT))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Other(format!("pool: {e}")))?;

@@ -389,6 +389,32 @@ async fn the_url_sizes_the_pool() {
     }
 }
 
+/// A server that takes connections and never answers is refused after the
+/// connection wait, not waited for for ever (found by a black-box audit:
+/// `tarn serve` printed nothing and never started).
+#[tokio::test]
+async fn a_server_that_never_answers_is_refused() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for c in silent.incoming().take(4) {
+            open.push(c);
+        }
+        std::thread::sleep(std::time::Duration::from_secs(60));
+    });
+    let url = format!("postgres://tarn@127.0.0.1:{port}/tarn");
+    let bounded = std::time::Duration::from_secs(50);
+    let r = tokio::time::timeout(bounded, PgStore::connect(&url))
+        .await
+        .expect("refused, not waited for");
+    match r {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("did not answer"), "{m}"),
+        other => panic!("{:?}", other.err()),
+    }
+    drop(held);
+}
+
 const PLAN_ROWS: Table = Table::new("plan_rows");
 const PLAN_FEED: Table = Table::new("plan_feed");
 
