@@ -29,6 +29,12 @@ pub(crate) fn parse(url: &str) -> StoreResult<Target> {
     let (authority, rest) = rest
         .split_once('/')
         .ok_or_else(|| invalid("it names a keyspace: cassandra://host:port/keyspace"))?;
+    // Never echoed: it would show a password in errors and logs.
+    if authority.contains('@') {
+        return Err(invalid(
+            "it names no user or password: cassandra://host:port/keyspace",
+        ));
+    }
     let (keyspace, query) = match rest.split_once('?') {
         Some((k, q)) => (k, Some(q)),
         None => (rest, None),
@@ -97,6 +103,10 @@ mod tests {
         assert_eq!(t.hosts, vec!["127.0.0.1:9042", "127.0.0.2:9043"]);
         assert_eq!(t.keyspace, "tarn");
         assert_eq!(t.replication, 1);
+        let e = parse("cassandra://user:secret@db.example/ks")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("secret"), "{e}");
         let t = parse("cassandra://db.example/ks").unwrap();
         assert_eq!(t.hosts, vec!["db.example:9042"]);
         assert_eq!(t.replication, 3);

@@ -400,12 +400,17 @@ async fn open_store(
         )),
         Some(url) if url.starts_with("sqlite://") => {
             let path = Path::new(url.trim_start_matches("sqlite://"));
+            if path.as_os_str().is_empty() {
+                bail!("sqlite:// names a directory: sqlite://DIR");
+            }
             Ok(Arc::new(SqliteStore::open_with(path, sqlite).with_context(
                 || format!("cannot open the data directory {}", path.display()),
             )?))
         }
+        // Only the scheme is shown: the rest may hold a password.
         Some(url) => bail!(
-            "tarn has no store for {url:?}: use postgres://…, cassandra://…, sqlite://DIR, or no --store for the embedded one"
+            "tarn has no store for URLs starting {:?}: use postgres://…, cassandra://…, sqlite://DIR, or no --store for the embedded one",
+            url.split(':').next().unwrap_or_default()
         ),
     }
 }

@@ -319,6 +319,33 @@ fn admin_commands_work_on_a_stopped_directory() {
     assert!(wait_exit(&mut s.child).success());
 }
 
+/// A store URL that names no store is refused without showing its
+/// password, and `sqlite://` with no directory leaves no file behind
+/// (found by a black-box audit: the whole URL was printed, and the
+/// embedded store's files were made in the working directory).
+#[test]
+fn store_urls_that_name_no_store_are_refused_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        "postgress://tarn:hunter2secret@127.0.0.1:1/tarn",
+        "postgres:/tarn:hunter2secret@127.0.0.1:1/tarn",
+        "cassandra://tarn:hunter2secret@127.0.0.1:1/tarn",
+        "sqlite://",
+    ] {
+        let out = Command::new(TARN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--store", url])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{url}: {said}");
+        assert!(!said.contains("hunter2secret"), "{url}: {said}");
+        assert!(out.stdout.is_empty(), "{url}");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "files left: {left:?}");
+}
+
 #[test]
 fn help_explains_every_setting() {
     let out = Command::new(TARN).arg("--help").output().unwrap();
