@@ -6,9 +6,11 @@
 //! than [`MAX_DEPTH`](crate::actor::MAX_DEPTH) levels, is refused; leaving a
 //! group is always allowed; and a user creates at most
 //! [`EngineConfig::groups_per_hour`](crate::EngineConfig) groups an hour. So
-//! nobody can make another person's requests fail by adding them to groups.
+//! adding someone to groups never makes their reads fail nor takes groups
+//! they had from them; it can fill their room for groups, so that further
+//! memberships that reach them are refused (`409`), until they leave some.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::ops::Bound;
 use std::time::Duration;
 
@@ -25,6 +27,9 @@ use crate::{seal, unseal, Caller, Engine, Group, Principal};
 
 /// Most groups nested below one group that a nesting change examines.
 const MAX_NESTED_BELOW: usize = 1000;
+/// Most users in a group and the groups below it that a nesting of it
+/// examines, each against [`MAX_GROUPS`]; past it the nesting is refused.
+const MAX_USERS_BELOW: usize = 10_000;
 /// Most times a nesting change looks again at later pending nestings it
 /// conflicts with before it gives up (about 7 s).
 const NESTING_WAITS: u32 = 40;
@@ -261,42 +266,53 @@ impl Engine {
     }
 
     /// Why nesting `child` into a group is refused for a user of `child`
-    /// or of the groups `below` it, if it is: each comes to belong to the
-    /// groups `gained` too, and none may pass [`MAX_GROUPS`]. Without this
-    /// check a user in other groups as well passed the bound unchecked, and
-    /// resolving them stopped at it, so that they silently lost groups they
-    /// had (found by a black-box audit: anyone could nest someone else's
-    /// group into a thousand groups of their own, and its members lost
-    /// access through the groups it was in before). Reads the users a page
-    /// at a time, and each page's groups together.
+    /// or of the groups below it, if it is: each comes to belong to the
+    /// groups `gained` too, and none may pass [`MAX_GROUPS`] (else
+    /// resolving their groups would stop at the bound, and they would lose
+    /// groups they had without a word). Each user is examined once, a page
+    /// at a time with the page's walks read together, and at most
+    /// [`MAX_USERS_BELOW`] of them: past that the nesting is refused, so
+    /// that no request does work without bound. The pending nestings the
+    /// walks read go to `seen`.
     async fn users_past_the_bound(
         &self,
         snap: &mut Box<dyn Snapshot>,
         child: &str,
-        below: &BTreeSet<String>,
-        gained: &BTreeSet<&str>,
+        gained: &BTreeSet<String>,
         admit: Admit,
+        seen: &mut Vec<Seen>,
     ) -> Result<Option<String>> {
-        const PAGE: usize = 256;
+        const PAGE: usize = 64;
+        let (_, below) = self.depth_below(snap, child, admit, seen).await?;
+        let mut examined = HashSet::new();
         for group in std::iter::once(child).chain(below.iter().map(String::as_str)) {
             let mut after = Bound::Included(b"user:".to_vec());
             loop {
                 let scan = Scan::partition(MEMBERS, group.as_bytes().to_vec(), PAGE)
                     .bounds(after, Bound::Excluded(b"user;".to_vec()));
                 let rows = snap.scan_many(&[scan]).await?.remove(0);
-                let users: Vec<Principal> = rows
-                    .iter()
-                    .map(|r| {
-                        let p = std::str::from_utf8(&r.clustering)
-                            .map_err(|e| crate::error::corrupt("member", e))?;
-                        Ok(Principal::User(p.trim_start_matches("user:").to_string()))
-                    })
-                    .collect::<Result<_>>()?;
+                let mut users = Vec::new();
+                for r in &rows {
+                    let name = std::str::from_utf8(&r.clustering)
+                        .ok()
+                        .and_then(|p| p.strip_prefix("user:"))
+                        .ok_or_else(|| crate::error::corrupt("member", "not a user"))?;
+                    if examined.insert(name.to_string()) {
+                        users.push(Principal::User(name.to_string()));
+                    }
+                }
+                if examined.len() > MAX_USERS_BELOW {
+                    return Ok(Some(format!(
+                        "more than {MAX_USERS_BELOW} users are in group:{child} and the groups below it: too many to nest it further"
+                    )));
+                }
                 let walks = users.iter().map(|u| Walk::admitting(u, admit)).collect();
                 for (user, walk) in users.iter().zip(self.finish_walks(snap, walks).await?) {
-                    let mut after: BTreeSet<&str> = walk.found.iter().map(String::as_str).collect();
-                    after.extend(gained);
-                    if walk.truncated || after.len() > MAX_GROUPS {
+                    seen.extend(walk.pending.iter().cloned());
+                    let mut would_have: BTreeSet<&str> =
+                        walk.found.iter().map(String::as_str).collect();
+                    would_have.extend(gained.iter().map(String::as_str));
+                    if walk.truncated || would_have.len() > MAX_GROUPS {
                         return Ok(Some(format!(
                             "{user}, a member of group:{child}, would belong to more than {MAX_GROUPS} groups"
                         )));
@@ -356,7 +372,7 @@ impl Engine {
                 seen,
             );
         }
-        let (below, groups_below) = match self.depth_below(snap, child, admit, &mut seen).await {
+        let (below, _) = match self.depth_below(snap, child, admit, &mut seen).await {
             Err(EngineError::Conflict(m)) => return refusal(m, seen),
             other => other?,
         };
@@ -371,14 +387,6 @@ impl Engine {
                 ),
                 seen,
             );
-        }
-        let mut gained: BTreeSet<&str> = above.found.iter().map(String::as_str).collect();
-        gained.insert(id);
-        if let Some(m) = self
-            .users_past_the_bound(snap, child, &groups_below, &gained, admit)
-            .await?
-        {
-            return refusal(m, seen);
         }
         Ok((None, seen))
     }
@@ -630,7 +638,29 @@ impl Engine {
                         let above = self
                             .groups_of(&mut snap, &Principal::Group(id.into()))
                             .await?;
-                        let gained = std::iter::once(id.to_string()).chain(above.found).collect();
+                        let gained: Vec<String> =
+                            std::iter::once(id.to_string()).chain(above.found).collect();
+                        // The users below, once, as the nesting is kept.
+                        let mut seen = Vec::new();
+                        let past = self
+                            .users_past_the_bound(
+                                &mut snap,
+                                child,
+                                &gained.iter().cloned().collect(),
+                                Admit::AllBut(mine),
+                                &mut seen,
+                            )
+                            .await?;
+                        let stopped: Vec<Seen> = seen
+                            .into_iter()
+                            .filter(|s| s.pending != mine && self.stopped(s.pending, now))
+                            .collect();
+                        if !stopped.is_empty() {
+                            return Ok(Verdict::Remove(stopped));
+                        }
+                        if let Some(m) = past {
+                            return Ok(Verdict::Refuse(EngineError::Conflict(m)));
+                        }
                         return Ok(Verdict::Keep(joined, gained));
                     }
                     // Memberships and earlier pending nestings (this

@@ -176,6 +176,8 @@ async fn nesting_past_the_bound_of_a_users_groups_is_refused() {
         }
     }
     assert!(refused.is_some(), "kept {kept} nestings, none refused");
+    // The member is in course, club and dept: 997 more fit, not one more.
+    assert_eq!(kept, 997);
     // The user's groups: course, club, dept and the stranger's, no more
     // than the bound, and every one they had before.
     let groups = e.me(&member).await.unwrap().groups;
@@ -187,6 +189,59 @@ async fn nesting_past_the_bound_of_a_users_groups_is_refused() {
     e.get_item(&member, &item, None)
         .await
         .expect("still read through dept");
+}
+
+/// A nesting examines at most 10,000 users below the nested group, once
+/// each, and is refused past them: no request does work without bound.
+/// A user two levels below is examined as one directly in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nesting_examines_a_bounded_number_of_users() {
+    let store = Arc::new(tarn_store::memory::MemoryStore::new());
+    let e = engine(store.clone());
+    let owner = sign_up(&e, "owner").await;
+    for g in ["big", "inner", "top"] {
+        e.create_group(&owner, g, None, Default::default())
+            .await
+            .unwrap();
+    }
+    e.add_member(&owner, "big", &Principal::Group("inner".into()))
+        .await
+        .unwrap();
+    let members = Table::new("members");
+    let memberships = Table::new("memberships");
+    let mut b = Batch::new();
+    for i in 0..10_001 {
+        let user = format!("user:u{i}");
+        b.put(
+            Key::new(members, b"inner".to_vec(), user.as_bytes()),
+            b"-".to_vec(),
+            1,
+        );
+        b.put(
+            Key::new(memberships, user.as_bytes(), b"inner".to_vec()),
+            b"-".to_vec(),
+            1,
+        );
+    }
+    store.write(b).await.unwrap();
+    match e
+        .add_member(&owner, "top", &Principal::Group("big".into()))
+        .await
+    {
+        Err(EngineError::Conflict(m)) => assert!(m.contains("10000 users"), "{m}"),
+        other => panic!("10,001 users below: {other:?}"),
+    }
+    let mut b = Batch::new();
+    b.delete(Key::new(members, b"inner".to_vec(), b"user:u0".to_vec()))
+        .delete(Key::new(
+            memberships,
+            b"user:u0".to_vec(),
+            b"inner".to_vec(),
+        ));
+    store.write(b).await.unwrap();
+    e.add_member(&owner, "top", &Principal::Group("big".into()))
+        .await
+        .expect("10,000 users below are examined");
 }
 
 /// A user in the innermost group of a chain as deep as the bound allows
