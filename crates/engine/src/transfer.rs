@@ -452,7 +452,9 @@ impl Importer {
                     return Err(EngineError::InvalidInput(twin));
                 }
             }
-            if self.declared.len() >= crate::indexes::MAX_INDEXES {
+            // As the API counts them: the built-in indexes too.
+            if self.declared.len() + crate::indexes::builtins().len() >= crate::indexes::MAX_INDEXES
+            {
                 return Err(EngineError::InvalidInput(format!(
                     "at most {} indexes",
                     crate::indexes::MAX_INDEXES
@@ -722,20 +724,37 @@ impl Importer {
         // First of all, the mark of an import under way: one import at a
         // time, so a second one is refused at once rather than tried again
         // until the first is done.
+        // Its value is this import's own, so that a write tried again after
+        // an unknown outcome knows its own mark from another import's.
         let mark = unfinished_key();
+        let ours = crate::random_bytes::<16>().to_vec();
         let mut b = Batch::new();
-        b.put(mark.clone(), schema::MARK.to_vec(), 1)
+        b.put(mark.clone(), ours.clone(), 1)
             .guard(mark.clone(), Expect::Absent);
+        // From the first try on, the store may hold it.
+        self.marked = true;
         engine
             .retrying(|| async {
                 match engine.store().write(b.clone()).await {
-                    Err(StoreError::GuardFailed { .. }) => Err(EngineError::InvalidInput(
-                        "another import into this store is under way".into(),
-                    )),
+                    Err(StoreError::GuardFailed { .. }) => {
+                        let held = engine.snapshot().await?.get(&mark).await?;
+                        if held.is_some_and(|r| r.value == ours) {
+                            return Ok(());
+                        }
+                        Err(EngineError::InvalidInput(
+                            "another import into this store is under way".into(),
+                        ))
+                    }
                     written => Ok(written?),
                 }
             })
-            .await?;
+            .await
+            .inspect_err(|e| {
+                // Another import's mark: this one wrote nothing.
+                if matches!(e, EngineError::InvalidInput(_)) {
+                    self.marked = false;
+                }
+            })?;
         // The store was found empty before the mark: an import that began
         // and ended in between filled it.
         if !engine.is_empty().await? {
