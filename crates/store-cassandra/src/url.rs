@@ -66,7 +66,11 @@ pub(crate) fn parse(url: &str) -> StoreResult<Target> {
                     .filter(|n| (1..=32).contains(n))
                     .ok_or_else(|| invalid("replication is a number from 1 to 32"))?;
             }
-            _ => return Err(invalid(format!("unknown parameter {kv:?}"))),
+            // Its name only: a value may be a secret.
+            _ => {
+                let name = kv.split('=').next().unwrap_or_default();
+                return Err(invalid(format!("unknown parameter {name:?}")));
+            }
         }
     }
     Ok(Target {

@@ -122,7 +122,7 @@ fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
             StoreError::Unavailable("every connection of the pool stayed busy".into())
         }
         deadpool_postgres::PoolError::Timeout(_) => StoreError::Unavailable(format!(
-            "PostgreSQL did not answer a new connection within {} s",
+            "PostgreSQL did not answer a connection's start or check within {} s",
             CONNECT_WAIT.as_secs()
         )),
         other => StoreError::Unavailable(other.to_string()),
@@ -151,10 +151,10 @@ impl Params {
     fn pool(&self, mut options: PgOptions) -> StoreResult<PgOptions> {
         if let Some(n) = &self.pool_size {
             options.pool_size = match n.parse::<usize>() {
-                Ok(n) if (1..=MAX_POOL_SIZE).contains(&n) => n,
+                Ok(n) if (MIN_POOL_SIZE..=MAX_POOL_SIZE).contains(&n) => n,
                 _ => {
                     return Err(StoreError::Invalid(format!(
-                        "pool_size {n:?}: a number of connections from 1 to {MAX_POOL_SIZE}"
+                        "pool_size {n:?}: a number of connections from {MIN_POOL_SIZE} to {MAX_POOL_SIZE}"
                     )))
                 }
             };
@@ -175,13 +175,20 @@ impl Params {
     }
 }
 
-/// The most connections `pool_size` may ask for: PostgreSQL's own default
-/// `max_connections` is 100, shared by every node.
+/// The fewest connections `pool_size` may ask for: some writes are made
+/// while their snapshot still holds a connection (a group's nesting), and
+/// index builds keep half of them.
+const MIN_POOL_SIZE: usize = 4;
+
+/// The most connections `pool_size` may ask for (a server configured for
+/// many: PostgreSQL's own default `max_connections` is 100, shared by
+/// every node).
 const MAX_POOL_SIZE: usize = 1_000;
 
 /// The longest `pool_wait`: a request waits for a connection this long at
-/// each of the engine's attempts, so a minute already answers overload late.
-const MAX_POOL_WAIT_MS: u64 = 60_000;
+/// each of the engine's twelve attempts, so ten seconds already answers
+/// overload two minutes late.
+const MAX_POOL_WAIT_MS: u64 = 10_000;
 
 /// Splits Tarn's own parameters off a URL.
 fn split_params(url: &str) -> (String, Params) {

@@ -376,10 +376,21 @@ async fn a_pool_busy_past_its_wait_refuses() {
 /// running many nodes on one database sets them.
 #[tokio::test]
 async fn the_url_sizes_the_pool() {
-    let url = format!("{}&pool_size=1&pool_wait=100", fresh_url());
+    let url = format!("{}&pool_size=4&pool_wait=100", fresh_url());
     let store = PgStore::connect(&url).await.unwrap();
-    assert_eq!(store.connections(), Some(1));
-    let held = store.snapshot().await.unwrap();
+    assert_eq!(store.connections(), Some(4));
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut snap = store.snapshot().await.unwrap();
+        snap.get(&Key::new(
+            Table::new("conf_a"),
+            b"p".to_vec(),
+            b"c".to_vec(),
+        ))
+        .await
+        .unwrap();
+        held.push(snap);
+    }
     assert_refused(store.snapshot()).await;
     drop(held);
     let url = format!("{}&pool_size=0", fresh_url());
