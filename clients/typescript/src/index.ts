@@ -53,16 +53,19 @@ const SAFE = new Set(['GET', 'HEAD', 'OPTIONS']);
  * that every caller shows it as it shows any refusal instead of failing
  * with an exception no page catches.
  */
-function unreachable(): Response {
+function unreachable(safe: boolean): Response {
   const problem: Problem = {
     type: 'unavailable',
     title: 'Service Unavailable',
     status: 503,
-    detail: 'The server cannot be reached; try again in a moment.',
+    // A change sent without an answer may have been made.
+    detail: safe
+      ? 'The server cannot be reached; try again in a moment.'
+      : 'The server cannot be reached; the change may or may not have been made: look again in a moment.',
   };
   return new Response(JSON.stringify(problem), {
     status: 503,
-    headers: { 'content-type': 'application/problem+json' },
+    headers: { 'content-type': 'application/problem+json', 'retry-after': '5' },
   });
 }
 
@@ -75,9 +78,11 @@ export function createTarnClient(options: TarnClientOptions = {}): TarnClient {
       try {
         return await send(request);
       } catch (e) {
-        // A call its caller aborted stays aborted.
-        if (request.signal?.aborted) throw e;
-        return unreachable();
+        // fetch fails with a TypeError when no answer came; anything else
+        // (an abort, a fault of a fetch passed in) is not an outage.
+        if (!(e instanceof TypeError) || request.signal?.aborted) throw e;
+        console.warn(`${request.method} ${request.url}: no answer`, e);
+        return unreachable(SAFE.has(request.method));
       }
     },
     credentials: 'same-origin',

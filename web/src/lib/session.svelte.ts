@@ -3,9 +3,9 @@
 import { api, describe, type Me } from './api';
 
 /**
- * `problem`: why the last question to the server got no answer (it could
- * not be reached, or failed), shown until one succeeds; who is signed in
- * is then left as it was.
+ * `problem`: why a question about the session got no answer (the server
+ * could not be reached, or failed); who is signed in is then left as it
+ * was. The app shows it until the next page, or until /me answers.
  */
 export const session = $state<{ me: Me | null; checked: boolean; problem: string | null }>({
   me: null,
