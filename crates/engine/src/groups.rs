@@ -626,10 +626,13 @@ impl Engine {
                         .nesting_refusal(&mut snap, id, child, Admit::AllBut(mine))
                         .await?;
                     let now = self.now() as u64;
-                    let stopped: Vec<Seen> = seen
-                        .into_iter()
-                        .filter(|s| s.pending != mine && self.stopped(s.pending, now))
-                        .collect();
+                    // The pending nestings read whose writers stopped.
+                    let stopped_of = |seen: Vec<Seen>| -> Vec<Seen> {
+                        seen.into_iter()
+                            .filter(|s| s.pending != mine && self.stopped(s.pending, now))
+                            .collect()
+                    };
+                    let stopped = stopped_of(seen);
                     if !stopped.is_empty() {
                         return Ok(Verdict::Remove(stopped));
                     }
@@ -651,10 +654,7 @@ impl Engine {
                                 &mut seen,
                             )
                             .await?;
-                        let stopped: Vec<Seen> = seen
-                            .into_iter()
-                            .filter(|s| s.pending != mine && self.stopped(s.pending, now))
-                            .collect();
+                        let stopped = stopped_of(seen);
                         if !stopped.is_empty() {
                             return Ok(Verdict::Remove(stopped));
                         }

@@ -247,26 +247,34 @@ async fn failed_sign_ins_are_slowed_and_a_failing_address_refused() {
 async fn failed_sign_ins_count_per_ipv6_slash_64() {
     let app = TestApp::new().await;
     app.user("alice").await;
-    let sign_in = |peer: String, password: &'static str| {
+    let sign_in = |peer: String, username: String, password: &'static str| {
         let mut req = Request::post("/api/v1/sessions")
             .header("content-type", "application/json")
             .body(Body::from(
-                json!({"username": "alice", "password": password}).to_string(),
+                json!({"username": username, "password": password}).to_string(),
             ))
             .unwrap();
         let peer: std::net::SocketAddr = peer.parse().unwrap();
         req.extensions_mut().insert(ConnectInfo(peer));
         app.raw(req)
     };
+    // Each on another account, so that no (account, address) pair is
+    // slowed: the address's count alone is at stake.
     for i in 0..tarn_engine::ADDRESS_FAILURES {
-        sign_in(format!("[2001:db8:5:5::{i:x}]:4711"), "wrong-password")
+        let peer = format!("[2001:db8:5:5::{i:x}]:4711");
+        sign_in(peer, format!("nobody{i}"), "wrong-password")
             .await
             .expect(401);
     }
-    sign_in("[2001:db8:5:5:ffff::1]:4711".into(), "alice-password")
-        .await
-        .expect(429);
-    sign_in("[2001:db8:5:6::1]:4711".into(), "alice-password")
+    let alice = || "alice".to_string();
+    sign_in(
+        "[2001:db8:5:5:ffff::1]:4711".into(),
+        alice(),
+        "alice-password",
+    )
+    .await
+    .expect(429);
+    sign_in("[2001:db8:5:6::1]:4711".into(), alice(), "alice-password")
         .await
         .expect(201);
 }
