@@ -23,6 +23,24 @@ fn engine(store: Arc<dyn Store>) -> Engine {
     )
 }
 
+const MEMBERS: Table = Table::new("members");
+const MEMBERSHIPS: Table = Table::new("memberships");
+
+/// Adds to `b` the two rows of `member` in `group` as the engine lays them
+/// out, written by hand past the checks the engine makes.
+fn raw_membership(b: &mut Batch, member: &str, group: &str) {
+    b.put(
+        Key::new(MEMBERS, group.as_bytes(), member.as_bytes()),
+        b"-".to_vec(),
+        1,
+    )
+    .put(
+        Key::new(MEMBERSHIPS, member.as_bytes(), group.as_bytes()),
+        b"-".to_vec(),
+        1,
+    );
+}
+
 async fn victim_still_works(e: &Engine, victim: &Caller) {
     let me = e.me(victim).await.expect("/me works");
     assert!(me.groups.len() <= 1000);
@@ -207,21 +225,9 @@ async fn a_nesting_examines_a_bounded_number_of_users() {
     e.add_member(&owner, "big", &Principal::Group("inner".into()))
         .await
         .unwrap();
-    let members = Table::new("members");
-    let memberships = Table::new("memberships");
     let mut b = Batch::new();
     for i in 0..10_001 {
-        let user = format!("user:u{i}");
-        b.put(
-            Key::new(members, b"inner".to_vec(), user.as_bytes()),
-            b"-".to_vec(),
-            1,
-        );
-        b.put(
-            Key::new(memberships, user.as_bytes(), b"inner".to_vec()),
-            b"-".to_vec(),
-            1,
-        );
+        raw_membership(&mut b, &format!("user:u{i}"), "inner");
     }
     store.write(b).await.unwrap();
     match e
@@ -232,9 +238,9 @@ async fn a_nesting_examines_a_bounded_number_of_users() {
         other => panic!("10,001 users below: {other:?}"),
     }
     let mut b = Batch::new();
-    b.delete(Key::new(members, b"inner".to_vec(), b"user:u0".to_vec()))
+    b.delete(Key::new(MEMBERS, b"inner".to_vec(), b"user:u0".to_vec()))
         .delete(Key::new(
-            memberships,
+            MEMBERSHIPS,
             b"user:u0".to_vec(),
             b"inner".to_vec(),
         ));
@@ -298,21 +304,9 @@ async fn memberships_beyond_the_bound_are_read_not_refused() {
     let store = Arc::new(tarn_store::memory::MemoryStore::new());
     let e = engine(store.clone());
     let victim = sign_up(&e, "victim").await;
-    let members = Table::new("members");
-    let memberships = Table::new("memberships");
     let mut b = Batch::new();
     for i in 0..1500 {
-        let g = format!("g{i}");
-        b.put(
-            Key::new(memberships, b"user:victim".to_vec(), g.as_bytes()),
-            b"-".to_vec(),
-            1,
-        );
-        b.put(
-            Key::new(members, g.as_bytes(), b"user:victim".to_vec()),
-            b"-".to_vec(),
-            1,
-        );
+        raw_membership(&mut b, "user:victim", &format!("g{i}"));
     }
     store.write(b).await.unwrap();
     let me = e.me(&victim).await.unwrap();
