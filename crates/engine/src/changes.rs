@@ -60,6 +60,9 @@ const READ_BATCH: usize = 256;
 const PULL_BUDGET: usize = 10_000;
 /// Entries one subscriber's queue holds before it is made to pull.
 const QUEUE: usize = 1024;
+/// What one subscriber's queue may hold, by [`HubEntry::size`], before it
+/// is made to pull: a stream that does not read pins no more than this.
+const QUEUE_BYTES: usize = 1 << 20;
 /// How often a stream checks its caller's session and groups.
 const CHECK_EVERY: Duration = Duration::from_secs(30);
 /// Stripes of the per-user stream counts.
@@ -423,6 +426,33 @@ pub(crate) struct HubEntry {
     row: ChangeRow,
 }
 
+impl HubEntry {
+    /// About the memory the entry holds: its bytes, and the item decoded
+    /// from them (taken as twice as large).
+    fn size(&self) -> usize {
+        3 * self.entry.value.len() + self.entry.cursor.len() + 256
+    }
+}
+
+/// A subscriber's end of its queue.
+pub(crate) struct Queue {
+    rx: mpsc::Receiver<Arc<HubEntry>>,
+    /// What the queue holds, by [`HubEntry::size`].
+    bytes: Arc<AtomicUsize>,
+}
+
+impl Queue {
+    async fn recv(&mut self) -> Option<Arc<HubEntry>> {
+        let e = self.rx.recv().await?;
+        self.bytes.fetch_sub(e.size(), Ordering::Relaxed);
+        Some(e)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+}
+
 /// Where the hub sends entries: each subscriber's queue, and who is
 /// registered under each principal.
 ///
@@ -442,7 +472,24 @@ struct Routes {
 
 struct Route {
     tx: mpsc::Sender<Arc<HubEntry>>,
+    bytes: Arc<AtomicUsize>,
     principals: Vec<Principal>,
+}
+
+impl Route {
+    /// Queues `e`, unless the queue is full by count or by size.
+    fn offer(&self, e: &Arc<HubEntry>) -> bool {
+        let size = e.size();
+        // Counted before it is sent, so the receiver never takes away
+        // more than was added.
+        if self.bytes.fetch_add(size, Ordering::Relaxed) + size > QUEUE_BYTES
+            || self.tx.try_send(e.clone()).is_err()
+        {
+            self.bytes.fetch_sub(size, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
 }
 
 impl Routes {
@@ -463,18 +510,20 @@ impl Routes {
     }
 
     /// A fresh queue for subscriber `id`, registered under `principals`.
-    fn register(&mut self, id: u64, principals: &[Principal]) -> mpsc::Receiver<Arc<HubEntry>> {
+    fn register(&mut self, id: u64, principals: &[Principal]) -> Queue {
         self.remove(id);
         let (tx, rx) = mpsc::channel(QUEUE);
+        let bytes = Arc::new(AtomicUsize::new(0));
         self.subs.insert(
             id,
             Route {
                 tx,
+                bytes: bytes.clone(),
                 principals: Vec::new(),
             },
         );
         self.widen(id, principals);
-        rx
+        Queue { rx, bytes }
     }
 
     fn remove(&mut self, id: u64) {
@@ -522,8 +571,7 @@ impl Routes {
         to.sort_unstable();
         to.dedup();
         for id in to {
-            let sent = self.subs.get(&id).map(|r| r.tx.try_send(e.clone()));
-            if let Some(Err(_)) = sent {
+            if self.subs.get(&id).is_some_and(|r| !r.offer(e)) {
                 self.remove(id);
             }
         }
@@ -585,7 +633,7 @@ impl RouteId {
         self.engine.inner.hub.routes.lock().expect("routes")
     }
 
-    fn register(&self, principals: &[Principal]) -> mpsc::Receiver<Arc<HubEntry>> {
+    fn register(&self, principals: &[Principal]) -> Queue {
         self.routes().register(self.id, principals)
     }
 
@@ -594,7 +642,7 @@ impl RouteId {
     }
 
     /// The hub's place, if this route is live and `rx`, its queue, is empty.
-    fn caught_up(&self, rx: &mpsc::Receiver<Arc<HubEntry>>) -> Option<Vec<u8>> {
+    fn caught_up(&self, rx: &Queue) -> Option<Vec<u8>> {
         let routes = self.routes();
         if routes.subs.contains_key(&self.id) && rx.is_empty() {
             routes.cursor.clone()
@@ -640,7 +688,7 @@ pub struct Subscription {
     caller: Caller,
     actor: Actor,
     kind: Option<String>,
-    rx: mpsc::Receiver<Arc<HubEntry>>,
+    rx: Queue,
     route: RouteId,
     /// The cursor of the last entry handled (delivered or filtered out).
     last: Option<Vec<u8>>,
@@ -1056,7 +1104,9 @@ impl Subscription {
     /// The next event; waits for one.
     pub async fn next(&mut self) -> Result<Event> {
         loop {
-            if matches!(self.pending.front(), Some(Event::Change(_))) && !self.session_checked {
+            // A resync too: it would tell a signed-out session's holder
+            // when the user joined or left a group.
+            if !self.pending.is_empty() && !self.session_checked {
                 self.engine.session_holds(&self.caller).await?;
                 self.session_checked = true;
             }
@@ -1325,10 +1375,14 @@ mod tests {
         )
     }
 
-    fn cursors(rx: &mut mpsc::Receiver<Arc<HubEntry>>) -> Vec<u8> {
-        std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|e| e.entry.cursor[0])
-            .collect()
+    fn cursors(q: &mut Queue) -> Vec<u8> {
+        std::iter::from_fn(|| {
+            let e = q.rx.try_recv().ok()?;
+            q.bytes.fetch_sub(e.size(), Ordering::Relaxed);
+            Some(e)
+        })
+        .map(|e| e.entry.cursor[0])
+        .collect()
     }
 
     #[test]
@@ -1369,6 +1423,37 @@ mod tests {
         assert!(!r.subs.contains_key(&2), "the full queue was dropped");
         assert!(r.by_principal.is_empty());
         assert_eq!(cursors(&mut b).len(), QUEUE, "what it held is still read");
-        assert!(b.try_recv().is_err());
+        assert!(b.rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_queue_is_let_go_at_its_size_too() {
+        let mut r = Routes::default();
+        let mut b = r.register(2, &["user:bob".parse().unwrap()]);
+        let big = |n: u8| {
+            let e = shared_with(n, &["user:bob"]);
+            let mut entry = e.entry.clone();
+            entry.value = vec![b' '; 64 * 1024];
+            Arc::new(HubEntry {
+                entry,
+                row: e.row.clone(),
+            })
+        };
+        let fits = QUEUE_BYTES / big(0).size();
+        for n in 0..fits {
+            r.route(&big(n as u8));
+        }
+        assert!(r.subs.contains_key(&2), "{fits} entries fit");
+        r.route(&big(0));
+        assert!(!r.subs.contains_key(&2), "one more is too many");
+        assert_eq!(cursors(&mut b).len(), fits);
+        // What a queue takes is given back as it is read.
+        let mut c = r.register(3, &["user:bob".parse().unwrap()]);
+        for round in 0..3 * fits {
+            r.route(&big(round as u8));
+            assert_eq!(cursors(&mut c).len(), 1);
+        }
+        assert!(r.subs.contains_key(&3), "a queue read as it fills stays");
+        assert_eq!(c.bytes.load(Ordering::Relaxed), 0);
     }
 }

@@ -301,6 +301,11 @@ fn check_field(field: &str) -> Result<()> {
         Err(EngineError::InvalidInput(
             "$body is the item's body: a text field, never a where or sort field".into(),
         ))
+    } else if field.contains(',') {
+        // No listing could name it: `sort` lists fields with commas.
+        Err(EngineError::InvalidInput(format!(
+            "field {field:?} holds a comma, which separates the fields of a sort"
+        )))
     } else if ok && field != "kind" {
         Ok(())
     } else {
@@ -759,8 +764,18 @@ impl Engine {
                     }
                 }
                 if defs.defs.len() >= MAX_INDEXES {
+                    // Those being dropped count until their rows are gone.
+                    let dropping = defs
+                        .defs
+                        .iter()
+                        .filter(|d| d.state == IndexState::Dropping)
+                        .count();
+                    let since = match dropping {
+                        0 => String::new(),
+                        n => format!(", {n} of them still being dropped: try again when they are"),
+                    };
                     return Err(EngineError::Conflict(format!(
-                        "at most {MAX_INDEXES} indexes"
+                        "at most {MAX_INDEXES} indexes{since}"
                     )));
                 }
                 let def = IndexDef {

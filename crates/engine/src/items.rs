@@ -519,10 +519,15 @@ impl Engine {
                     "an item has at most {MAX_LINKS} links; remove one first"
                 )));
             }
+            // The item row is written again, as it is, at its next
+            // revision, and guarded on this one: so a link never outlives
+            // a delete, and of two links made at once one is counted
+            // again, which keeps an item to its bound.
+            let item = schema::item_key(id);
             let mut b = Batch::new();
-            // Guarded on the item's revision: a link never outlives a delete.
             b.put(schema::link_key(id, &key), schema::encode(&role), 1)
-                .guard(schema::item_key(id), Expect::Version(a.rev));
+                .guard(item.clone(), Expect::Version(a.rev))
+                .put(item, schema::encode_item(&a.item, a.stamp), a.rev + 1);
             self.store().write(b).await?;
             Ok(())
         })

@@ -668,8 +668,17 @@ impl Engine {
                         order: s.order,
                     })
                 })
-                .collect::<Result<_>>()?
+                .collect::<Result<Vec<_>>>()?
         };
+        // `v` and `properties.v` are one field.
+        if let Some(i) =
+            (1..sort.len()).find(|&i| sort[..i].iter().any(|f| f.field == sort[i].field))
+        {
+            return Err(EngineError::InvalidInput(format!(
+                "sort names {:?} twice",
+                sort[i].field
+            )));
+        }
         let key = self.cursor_key().await?;
         self.retrying(|| self.list_once(caller, q, fields.clone(), &sort, key))
             .await

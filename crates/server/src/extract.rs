@@ -9,6 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request};
 use axum::http::header::{
     AUTHORIZATION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST, IF_MATCH, ORIGIN,
+    TRANSFER_ENCODING,
 };
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method};
@@ -261,11 +262,14 @@ pub fn says_https(headers: &HeaderMap) -> bool {
 /// A link key, from `?key=` or the `Tarn-Link-Key` header.
 pub struct LinkKey(pub Option<String>);
 
+/// The header a link key may come in.
+pub const LINK_KEY_HEADER: &str = "tarn-link-key";
+
 impl<S: Send + Sync> FromRequestParts<S> for LinkKey {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<LinkKey> {
-        let header = match parts.headers.get("tarn-link-key") {
+        let header = match parts.headers.get(LINK_KEY_HEADER) {
             Some(v) => Some(
                 v.to_str()
                     .map_err(|_| ApiError::invalid("Tarn-Link-Key is not text"))?
@@ -363,9 +367,13 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
         // Any listed tag may match (RFC 9110, 13.1.1), compared strongly:
         // a weak tag, or one this server never gives, never matches; so a
         // list names at most one version the item could be at.
+        let tags = tag_list(v);
+        if tags.is_empty() {
+            return Err(bad());
+        }
         let mut version = None;
         let mut never = tarn_engine::FOREIGN_TAG;
-        for tag in v.split(',').map(str::trim) {
+        for tag in tags {
             match parse_etag(tag).ok_or_else(bad)? {
                 Tag::Version(n) if version.is_some_and(|v| v != n) => {
                     return Err(ApiError::invalid(
@@ -380,6 +388,29 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
         // Refused by the engine once the caller may know the item exists.
         Ok(IfMatch(Some(version.unwrap_or(never))))
     }
+}
+
+/// The elements of a list of entity tags: split at commas outside quotes
+/// (an opaque tag may hold one), trimmed, empty ones left out (RFC 9110,
+/// 5.6.1.2).
+fn tag_list(v: &str) -> Vec<&str> {
+    let mut tags = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, c) in v.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                tags.push(&v[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    tags.push(&v[start..]);
+    tags.into_iter()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .collect()
 }
 
 /// One entity tag of an `If-Match`.
@@ -700,19 +731,27 @@ pub const BODY_PACE: usize = 16 * 1024;
 
 impl BodyPieces {
     /// The pieces of `req`'s body, refused (`415`) if it comes in a
-    /// content coding: bytes are taken and stored as sent, so a compressed
-    /// body would be parsed, or kept, as garbage.
+    /// content coding, or a transfer coding other than `chunked` (which
+    /// the connection undoes): bytes are taken and stored as sent, so a
+    /// compressed body would be parsed, or kept, as garbage.
     pub fn new(req: Request, state: &AppState) -> ApiResult<BodyPieces> {
-        let coded = req
-            .headers()
-            .get_all(CONTENT_ENCODING)
-            .iter()
-            .flat_map(|v| v.to_str().unwrap_or("?").split(','))
-            .any(|c| !c.trim().eq_ignore_ascii_case("identity"));
-        if coded {
+        let coded = |name, plain: &str| {
+            req.headers()
+                .get_all(name)
+                .iter()
+                .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+                .any(|c| !c.trim().eq_ignore_ascii_case(plain))
+        };
+        if coded(CONTENT_ENCODING, "identity") {
             return Err(ApiError::new(
                 Code::UnsupportedMediaType,
                 "send the body without Content-Encoding: the server takes no content coding",
+            ));
+        }
+        if coded(TRANSFER_ENCODING, "chunked") {
+            return Err(ApiError::new(
+                Code::UnsupportedMediaType,
+                "send the body with no Transfer-Encoding but chunked: the server takes no other coding",
             ));
         }
         Ok(BodyPieces {
@@ -802,6 +841,14 @@ mod tests {
         // A list matches if any tag does: at most one can.
         assert_eq!(if_match("\"abc\", \"3\", W/\"4\"").await, Ok(Some(3)));
         assert_eq!(if_match("\"3\",\"3\"").await, Ok(Some(3)));
+        // Empty elements are left out (RFC 9110, 5.6.1.2); an opaque tag
+        // may hold a comma.
+        assert_eq!(if_match("\"3\",").await, Ok(Some(3)));
+        assert_eq!(if_match(", ,\"3\"").await, Ok(Some(3)));
+        assert_eq!(
+            if_match("\"a,b\"").await,
+            Ok(Some(tarn_engine::FOREIGN_TAG))
+        );
         assert_eq!(
             if_match("W/\"3\", \"abc\"").await,
             Ok(Some(tarn_engine::WEAK_TAG))
@@ -813,8 +860,8 @@ mod tests {
             "x",
             "\"a b\"",
             "\"3\", \"4\"",
-            "\"3\",",
             "",
+            " , ,",
         ] {
             assert_eq!(if_match(bad).await, Err(400), "{bad}");
         }

@@ -211,8 +211,8 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
 
 /// What a request presented that makes its answer private.
 ///
-/// An API answer to a request that presents credentials (a bearer token
-/// or the session cookie) is that caller's own: no cache keeps it
+/// An API answer to a request that presents credentials (a bearer token,
+/// the session cookie or a link key) is that caller's own: no cache keeps it
 /// (`Cache-Control: private, no-store`, unless the route set its own), it
 /// varies with those headers, and no other site's page may embed it
 /// (`Cross-Origin-Resource-Policy: same-origin`). A session cookie that is no session
@@ -235,15 +235,23 @@ impl Credentials {
     fn of(req: &Request, s: &AppState) -> Option<Credentials> {
         let h = req.headers();
         let path = req.uri().path();
+        // A link key, as a header or in the query: a shared cache must not
+        // hand what it opened to callers without it, nor keep it once the
+        // link is removed.
+        let link = h.contains_key(extract::LINK_KEY_HEADER)
+            || req
+                .uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|p| p.split('=').next() == Some("key")));
         if !path.starts_with("/api/")
-            || !(h.contains_key(header::AUTHORIZATION) || h.contains_key(header::COOKIE))
+            || !(link || h.contains_key(header::AUTHORIZATION) || h.contains_key(header::COOKIE))
         {
             return None;
         }
         let tls = extract::Via::of_request(req, s).tls;
         let cookie = extract::session_cookie(h, tls).map(|_| extract::session_cookie_name(tls));
         let bearer = h.contains_key(header::AUTHORIZATION);
-        (bearer || cookie.is_some()).then_some(Credentials {
+        (link || bearer || cookie.is_some()).then_some(Credentials {
             bearer,
             cookie,
             tls,
@@ -264,7 +272,7 @@ impl Credentials {
             .or_insert(HeaderValue::from_static("private, no-store"));
         h.append(
             header::VARY,
-            HeaderValue::from_static("Authorization, Cookie"),
+            HeaderValue::from_static("Authorization, Cookie, Tarn-Link-Key"),
         );
         // Nor may another site's page embed it (an `<img>` of a body, say,
         // sent with the cookie by a sibling subdomain): its loading or not

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 use tarn_engine::{Caller, Engine, EngineConfig, EngineError, ListQuery, Principal};
-use tarn_store::{Batch, Key, Store, Table};
+use tarn_store::{Batch, Key, SnapshotExt, Store, Table};
 
 use crate::common::{self, props, sign_up};
 
@@ -484,4 +484,51 @@ async fn nestings_racing_past_the_depth_bound(e: Engine, rounds: usize) {
         let expected = if two.is_ok() { 24 } else { 12 };
         assert_eq!(groups, expected, "round {round}");
     }
+}
+
+/// Links made at once keep an item to its 100, and a delete takes every
+/// one (before, each request counted the links in its own snapshot, so
+/// 150 at once left 102–105, and a delete read only 101 of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn links_made_at_once_keep_to_the_bound() {
+    let (e, _dir) = common::sqlite();
+    let e = engine(e.store().clone());
+    let alice = sign_up(&e, "alice").await;
+    let id = e
+        .create_item(&alice, "doc", props(json!({})), vec![])
+        .await
+        .unwrap()
+        .item
+        .id;
+    let tries: Vec<_> = (0..150)
+        .map(|_| {
+            let (e, alice, id) = (e.clone(), alice.clone(), id.clone());
+            tokio::spawn(async move {
+                e.create_link(&alice, &id, None, tarn_engine::Role::Viewer, None)
+                    .await
+            })
+        })
+        .collect();
+    let mut made = 0;
+    for t in tries {
+        match t.await.unwrap() {
+            Ok(_) => made += 1,
+            Err(EngineError::Conflict(_) | EngineError::Unavailable(_)) => {}
+            Err(other) => panic!("a link refused for {other:?}"),
+        }
+    }
+    let items = Table::new("items");
+    let rows = |store: Arc<dyn Store>, id: String| async move {
+        let mut snap = store.snapshot().await.unwrap();
+        let scan = tarn_store::Scan::partition(items, id.into_bytes(), 1_000);
+        snap.scan_many(&[scan]).await.unwrap().remove(0)
+    };
+    let held = rows(e.store().clone(), id.clone()).await;
+    assert!(made > 0 && made <= 100, "{made} links made");
+    assert_eq!(held.len(), made + 1, "the item row and one row a link");
+    e.delete_item(&alice, &id, None, None).await.unwrap();
+    assert!(
+        rows(e.store().clone(), id).await.is_empty(),
+        "a deleted item leaves no link behind"
+    );
 }

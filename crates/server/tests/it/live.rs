@@ -699,44 +699,71 @@ async fn properties_nested_too_deep_are_refused_and_the_feed_reads_back() {
 }
 
 /// Regression (hostile probe): a stream whose session was signed out went
-/// on delivering items for up to 30 s (its periodic check). A change now
-/// goes out only after the session is checked, so the stream ends at the
-/// first change after the sign-out, before sending it.
+/// on delivering items for up to 30 s (its periodic check), and later a
+/// resync for each group its user joined or left (which tells the
+/// session's holder when). Anything now goes out only after the session
+/// is checked, so the stream ends at the first change after the sign-out,
+/// before sending it.
 #[tokio::test]
 async fn a_signed_out_stream_gets_nothing_more() {
     let app = TestApp::new().await;
     let ann = app.user("ann").await;
-    let bob = app.user("bob").await;
-    let req = Request::builder()
-        .uri("/api/v1/events")
-        .header("authorization", format!("Bearer {bob}"))
-        .body(Body::empty())
-        .unwrap();
-    let res = app.router.clone().oneshot(req).await.unwrap();
-    assert_eq!(res.status(), 200);
-    let mut body = res.into_body().into_data_stream();
-    let to_bob = json!([{"principal": "user:bob", "role": "viewer"}]);
-    let before = app.item(&ann, "doc", json!({"n": 1}), to_bob.clone()).await;
-    let got = events(&mut body, 1).await;
-    let v: Value = serde_json::from_str(&got[0].2).unwrap();
-    assert_eq!(v["item"]["id"], before["id"]);
-    app.call(Method::DELETE, "/api/v1/sessions/current", Some(&bob), None)
+    app.call(
+        Method::POST,
+        "/api/v1/groups",
+        Some(&ann),
+        Some(json!({"id": "room"})),
+    )
+    .await
+    .expect(201);
+    for (bob, after) in [("bob", "an item"), ("bea", "a join")] {
+        let token = app.user(bob).await;
+        let req = Request::builder()
+            .uri("/api/v1/events")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::empty())
+            .unwrap();
+        let res = app.router.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), 200);
+        let mut body = res.into_body().into_data_stream();
+        let to_bob = json!([{"principal": format!("user:{bob}"), "role": "viewer"}]);
+        let before = app.item(&ann, "doc", json!({"n": 1}), to_bob.clone()).await;
+        let got = events(&mut body, 1).await;
+        let v: Value = serde_json::from_str(&got[0].2).unwrap();
+        assert_eq!(v["item"]["id"], before["id"]);
+        app.call(
+            Method::DELETE,
+            "/api/v1/sessions/current",
+            Some(&token),
+            None,
+        )
         .await
         .expect(204);
-    app.item(&ann, "doc", json!({"secret": true}), to_bob).await;
-    // The stream ends without another event (comments may come first).
-    let mut text = String::new();
-    loop {
-        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
-            .await
-            .expect("the stream ends within 10 s");
-        match chunk {
-            None => break,
-            Some(Ok(bytes)) => text.push_str(std::str::from_utf8(&bytes).unwrap()),
-            Some(Err(_)) => break,
+        if after == "an item" {
+            app.item(&ann, "doc", json!({"secret": true}), to_bob).await;
+        } else {
+            let path = format!("/api/v1/groups/room/members/user:{bob}");
+            app.call(Method::PUT, &path, Some(&ann), None)
+                .await
+                .expect(204);
         }
+        // The stream ends without another event (comments may come first).
+        let mut text = String::new();
+        loop {
+            let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+                .await
+                .expect("the stream ends within 10 s");
+            match chunk {
+                None => break,
+                Some(Ok(bytes)) => text.push_str(std::str::from_utf8(&bytes).unwrap()),
+                Some(Err(_)) => break,
+            }
+        }
+        assert!(
+            !text.contains("data:"),
+            "delivered after sign-out and {after}: {text}"
+        );
     }
-    assert!(!text.contains("data:"), "delivered after sign-out: {text}");
 }
 
 /// Streams of callers signed in as no one count per client address (per
