@@ -239,10 +239,10 @@ impl Credentials {
         // hand what it opened to callers without it, nor keep it once the
         // link is removed.
         let link = h.contains_key(extract::LINK_KEY_HEADER)
-            || req
-                .uri()
-                .query()
-                .is_some_and(|q| q.split('&').any(|p| p.split('=').next() == Some("key")));
+            || req.uri().query().is_some_and(|q| {
+                extract::serde_urlencoded_pairs(q)
+                    .is_ok_and(|pairs| pairs.iter().any(|(k, _)| k == "key"))
+            });
         if !path.starts_with("/api/")
             || !(link || h.contains_key(header::AUTHORIZATION) || h.contains_key(header::COOKIE))
         {

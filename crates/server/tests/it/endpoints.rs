@@ -679,7 +679,11 @@ async fn acl_and_links() {
     assert_eq!(r.json()["role"], "viewer");
     // What a key opens is its holder's: no shared cache may keep it
     // (found by an audit: a proxy could hand it to callers without one).
-    for r in [&by_query, &r] {
+    let encoded = app
+        .get(&format!("/api/v1/items/{id}?k%65y={key}"), None)
+        .await
+        .expect(200);
+    for r in [&by_query, &r, &encoded] {
         assert_eq!(r.header("cache-control"), Some("private, no-store"));
         assert!(r.header("vary").unwrap().contains("Tarn-Link-Key"));
     }
