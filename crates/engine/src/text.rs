@@ -1,6 +1,6 @@
 //! Word analysis for full-text search, from well-kept crates: Unicode word
 //! segmentation (`unicode-segmentation`, UAX #29), compatibility
-//! decomposition and removal of combining marks (`unicode-normalization`:
+//! decomposition and removal of accents (`unicode-normalization`:
 //! `café` → `cafe`, `ﬁ` → `fi`), lower-casing, and Snowball stemming
 //! (`rust-stemmers`: `brewing` → `brew`).
 //!
@@ -70,7 +70,28 @@ pub fn is_language(language: &str) -> bool {
     LANGUAGES.contains(&language)
 }
 
-/// Folds one word: compatibility decomposition, combining marks and
+/// Whether `c` is a mark that only accents a letter, and goes in folding:
+/// those of the blocks of combining diacritics (Latin, Greek and Cyrillic
+/// accents: `café` is `cafe`), and the vowel points of Hebrew and Arabic,
+/// which most text is written without. Other marks are part of their
+/// letter and stay: an Indic vowel sign or virama (`काम` is not `कम`),
+/// a kana's voicing mark (`ガラス` is not `カラス`).
+fn is_accent(c: char) -> bool {
+    matches!(c,
+        '\u{0300}'..='\u{036F}'
+        | '\u{1AB0}'..='\u{1AFF}'
+        | '\u{1DC0}'..='\u{1DFF}'
+        | '\u{20D0}'..='\u{20FF}'
+        | '\u{FE20}'..='\u{FE2F}'
+        | '\u{0591}'..='\u{05C7}'
+        | '\u{0610}'..='\u{061A}'
+        | '\u{064B}'..='\u{065F}'
+        | '\u{0670}'
+        | '\u{06D6}'..='\u{06ED}')
+        && is_combining_mark(c)
+}
+
+/// Folds one word: compatibility decomposition, accents ([`is_accent`]) and
 /// invisible format characters removed (a soft hyphen, a direction mark, a
 /// zero-width joiner: Unicode's category Cf, which word segmentation keeps
 /// inside a word, so `hy\u{AD}phenate` is `hyphenate`), lower case,
@@ -80,9 +101,7 @@ pub fn fold(word: &str) -> String {
     let folded: String = word
         .nfkd()
         .filter(|c| {
-            !is_combining_mark(*c)
-                && !c.is_control()
-                && c.general_category() != GeneralCategory::Format
+            !is_accent(*c) && !c.is_control() && c.general_category() != GeneralCategory::Format
         })
         .flat_map(char::to_lowercase)
         .flat_map(spelled)
@@ -328,6 +347,23 @@ mod tests {
         assert!(fold(&long).len() <= MAX_TERM);
         let none = Analyzer::new("none");
         assert_eq!(none.terms("Brewing").collect::<Vec<_>>(), vec!["brewing"]);
+        // Marks that are part of their letter stay (an audit found that
+        // crow found glass, and "less" found "work"): kana voicing marks,
+        // Indic vowel signs and viramas. Hebrew and Arabic vowel points go.
+        assert_ne!(fold("ガラス"), fold("カラス"));
+        assert_eq!(fold("ガラス"), "ガラス", "recomposed");
+        assert_ne!(fold("がき"), fold("かき"));
+        assert_ne!(fold("काम"), fold("कम"));
+        assert_ne!(fold("பால்"), fold("பல"));
+        assert_eq!(fold("שָׁלוֹם"), fold("שלום"));
+        assert_eq!(fold("كَتَبَ"), fold("كتب"));
+        assert_eq!(fold("Việt"), "viet");
+        let ta = Analyzer::new("tamil");
+        assert_eq!(
+            ta.terms("புத்தகங்கள்").collect::<Vec<_>>(),
+            ta.terms("புத்தகம்").collect::<Vec<_>>(),
+            "the Tamil stemmer sees the marks it stems by"
+        );
         let fr = Analyzer::new("french");
         assert_eq!(
             fr.terms("chevaux").collect::<Vec<_>>(),
