@@ -427,11 +427,15 @@ pub(crate) struct HubEntry {
 }
 
 impl HubEntry {
-    /// About the memory the entry holds: its bytes, and the item decoded
-    /// from them (taken as twice as large).
     fn size(&self) -> usize {
-        3 * self.entry.value.len() + self.entry.cursor.len() + 256
+        held(&self.entry)
     }
+}
+
+/// About the memory a feed entry holds once decoded: its bytes, and the
+/// item decoded from them (taken as twice as large).
+fn held(entry: &FeedEntry) -> usize {
+    3 * entry.value.len() + entry.cursor.len() + 256
 }
 
 /// A subscriber's end of its queue.
@@ -444,8 +448,13 @@ pub(crate) struct Queue {
 impl Queue {
     async fn recv(&mut self) -> Option<Arc<HubEntry>> {
         let e = self.rx.recv().await?;
+        Some(self.took(e))
+    }
+
+    /// `e`, taken off the queue: what it held is given back.
+    fn took(&self, e: Arc<HubEntry>) -> Arc<HubEntry> {
         self.bytes.fetch_sub(e.size(), Ordering::Relaxed);
-        Some(e)
+        e
     }
 
     fn is_empty(&self) -> bool {
@@ -1283,11 +1292,21 @@ impl Subscription {
                 return Ok(());
             }
         };
-        if entries.len() < READ_BATCH {
+        // What a stream holds to send stays within what its queue may:
+        // the entries past that are read again by the next pull.
+        let mut bytes = 0;
+        let fit = entries
+            .iter()
+            .position(|e| {
+                bytes += held(e);
+                bytes > QUEUE_BYTES
+            })
+            .map_or(entries.len(), |n| n.max(1));
+        if fit == entries.len() && entries.len() < READ_BATCH {
             self.pulling = false;
         }
         self.replaying = true;
-        let r = self.take_all(&entries).await;
+        let r = self.take_all(&entries[..fit]).await;
         self.replaying = false;
         r
     }
@@ -1376,13 +1395,9 @@ mod tests {
     }
 
     fn cursors(q: &mut Queue) -> Vec<u8> {
-        std::iter::from_fn(|| {
-            let e = q.rx.try_recv().ok()?;
-            q.bytes.fetch_sub(e.size(), Ordering::Relaxed);
-            Some(e)
-        })
-        .map(|e| e.entry.cursor[0])
-        .collect()
+        std::iter::from_fn(|| q.rx.try_recv().ok().map(|e| q.took(e)))
+            .map(|e| e.entry.cursor[0])
+            .collect()
     }
 
     #[test]

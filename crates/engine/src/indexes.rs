@@ -161,7 +161,7 @@ fn one() -> f64 {
 
 impl Eq for TextField {}
 
-const MAX_FIELDS: usize = 8;
+pub(crate) const MAX_FIELDS: usize = 8;
 /// Items read per batch of a build.
 const BACKFILL_BATCH: usize = 512;
 /// Writes a build keeps in flight, so the store commits them in groups.
@@ -301,11 +301,6 @@ fn check_field(field: &str) -> Result<()> {
         Err(EngineError::InvalidInput(
             "$body is the item's body: a text field, never a where or sort field".into(),
         ))
-    } else if field.contains(',') {
-        // No listing could name it: `sort` lists fields with commas.
-        Err(EngineError::InvalidInput(format!(
-            "field {field:?} holds a comma, which separates the fields of a sort"
-        )))
     } else if ok && field != "kind" {
         Ok(())
     } else {
@@ -377,6 +372,13 @@ pub(crate) fn check_declaration(
     check_name("index name", name)?;
     check_name("kind", kind)?;
     check_fields(where_.iter().chain(sort.iter().map(|s| &s.field)))?;
+    if let Some(f) = sort.iter().find(|s| s.field.contains(',')) {
+        // No listing could name it: `sort` lists fields with commas.
+        return Err(EngineError::InvalidInput(format!(
+            "sort field {:?} holds a comma, which separates the fields of a sort",
+            f.field
+        )));
+    }
     let unique: BTreeSet<&String> = where_.iter().collect();
     if unique.len() != where_.len() {
         return Err(EngineError::InvalidInput(

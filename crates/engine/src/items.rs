@@ -7,7 +7,7 @@
 //! bucket, see [`indexes`](crate::indexes)).
 
 use serde_json::{Map, Value};
-use tarn_store::{Batch, Expect, Key, ReadResult, Row, Scan, Snapshot};
+use tarn_store::{Batch, Expect, Key, ReadResult, Row, Scan, Snapshot, StoreError};
 
 use crate::actor::Actor;
 use crate::error::{EngineError, Result};
@@ -52,6 +52,25 @@ impl<'a> ItemWant<'a> {
 pub(crate) const MAX_GRANTS: usize = 256;
 /// Most links one item has at once.
 const MAX_LINKS: usize = 100;
+/// Links a delete reads and removes: more than [`MAX_LINKS`], for those
+/// that versions before 2026-11-28 let links made at once leave past it
+/// (113 were seen).
+const LINKS_DELETED: usize = 1_000;
+
+/// The links of an item at revision `rev`, from the rows of
+/// [`schema::item_and_links_scan`]: a scan that read another revision of
+/// the item than the request did (a write came between the two reads, as
+/// it may on Cassandra) is read again.
+fn links_at(rows: &[Row], rev: u64) -> Result<&[Row]> {
+    match rows.split_first() {
+        Some((item, links)) if item.clustering == schema::ITEM_ROW && item.version == rev => {
+            Ok(links)
+        }
+        _ => Err(EngineError::Store(StoreError::Conflict(
+            "the item changed while its links were read".into(),
+        ))),
+    }
+}
 
 /// An item as read, with everything needed to decide what the caller may do
 /// and to write it back.
@@ -451,7 +470,7 @@ impl Engine {
         link: Option<&str>,
         if_match: Option<u64>,
     ) -> Result<()> {
-        let links = schema::links_scan(id, MAX_LINKS + 1);
+        let links = schema::item_and_links_scan(id, LINKS_DELETED);
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (_, a, defs, own) = self
@@ -468,7 +487,7 @@ impl Engine {
             self.require_role(&a, Role::Manager, "deleting")?;
             check_version(&a.item, if_match)?;
             let mut b = Batch::new();
-            for row in &own.scans[0] {
+            for row in links_at(&own.scans[0], a.rev)? {
                 b.delete(Key::new(ITEMS, id.as_bytes(), row.clustering.clone()));
             }
             if let Some(body) = &a.item.body {
@@ -499,7 +518,7 @@ impl Engine {
             ));
         }
         let key = b64(&random_bytes::<24>());
-        let links = schema::links_scan(id, MAX_LINKS + 1);
+        let links = schema::item_and_links_scan(id, MAX_LINKS);
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (_, a, _, own) = self
@@ -514,15 +533,15 @@ impl Engine {
             drop(snap);
             self.require_role(&a, Role::Manager, "making links")?;
             check_version(&a.item, if_match)?;
-            if own.scans[0].len() >= MAX_LINKS {
+            if links_at(&own.scans[0], a.rev)?.len() >= MAX_LINKS {
                 return Err(EngineError::Conflict(format!(
                     "an item has at most {MAX_LINKS} links; remove one first"
                 )));
             }
             // The item row is written again, as it is, at its next
-            // revision, and guarded on this one: so a link never outlives
-            // a delete, and of two links made at once one is counted
-            // again, which keeps an item to its bound.
+            // revision, and guarded on the one its links were counted at:
+            // so a link never outlives a delete, and of two links made at
+            // once one is counted again, which keeps an item to its bound.
             let item = schema::item_key(id);
             let mut b = Batch::new();
             b.put(schema::link_key(id, &key), schema::encode(&role), 1)

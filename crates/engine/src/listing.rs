@@ -654,6 +654,12 @@ impl Engine {
         } else if q.scope == Scope::Visible {
             return Err(EngineError::InvalidInput("kind is required".into()));
         }
+        if q.sort.len() > crate::indexes::MAX_FIELDS {
+            return Err(EngineError::InvalidInput(format!(
+                "sort names at most {} fields, as an index has",
+                crate::indexes::MAX_FIELDS
+            )));
+        }
         let sort = if q.sort.is_empty() {
             vec![SortField {
                 field: "modifiedAt".into(),

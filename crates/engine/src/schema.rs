@@ -106,10 +106,12 @@ pub(crate) fn link_key_of_hash(item: &str, hash: &[u8]) -> Key {
     Key::new(ITEMS, item.as_bytes(), clus)
 }
 
-/// Up to `limit` of an item's link rows.
-pub(crate) fn links_scan(item: &str, limit: usize) -> Scan {
-    Scan::partition(ITEMS, item.as_bytes().to_vec(), limit).bounds(
-        Bound::Included(vec![LINK_ROWS]),
+/// An item's row, then up to `limit` of its link rows: one partition, so
+/// one state of it on every store (Cassandra included), whatever else a
+/// request reads beside it.
+pub(crate) fn item_and_links_scan(item: &str, limit: usize) -> Scan {
+    Scan::partition(ITEMS, item.as_bytes().to_vec(), limit + 1).bounds(
+        Bound::Included(ITEM_ROW.to_vec()),
         Bound::Excluded(vec![LINK_ROWS + 1]),
     )
 }

@@ -355,12 +355,19 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<IfMatch> {
-        let Some(v) = parts.headers.get(IF_MATCH) else {
+        let lines = parts.headers.get_all(IF_MATCH);
+        if lines.iter().next().is_none() {
             return Ok(IfMatch(None));
-        };
+        }
         let bad =
             || ApiError::invalid("If-Match takes ETags, like \"3\" (or a bare version, 3, or *)");
-        let v = v.to_str().map_err(|_| bad())?.trim();
+        // Several lines are one list (RFC 9110, 5.3).
+        let lines = lines
+            .iter()
+            .map(|l| l.to_str().map_err(|_| bad()))
+            .collect::<ApiResult<Vec<_>>>()?;
+        let joined = lines.join(",");
+        let v = joined.trim();
         if v == "*" {
             return Ok(IfMatch(None));
         }
@@ -844,6 +851,15 @@ mod tests {
         // Empty elements are left out (RFC 9110, 5.6.1.2); an opaque tag
         // may hold a comma.
         assert_eq!(if_match("\"3\",").await, Ok(Some(3)));
+        // Two lines are one list.
+        let (mut parts, _) = axum::http::Request::builder()
+            .header(IF_MATCH, "\"abc\"")
+            .header(IF_MATCH, "\"3\"")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let m = IfMatch::from_request_parts(&mut parts, &()).await;
+        assert_eq!(m.ok().and_then(|m| m.0), Some(3));
         assert_eq!(if_match(", ,\"3\"").await, Ok(Some(3)));
         assert_eq!(
             if_match("\"a,b\"").await,

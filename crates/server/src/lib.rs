@@ -209,20 +209,25 @@ async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response 
     res
 }
 
-/// What a request presented that makes its answer private.
+/// What an API request presented that makes its answer private.
 ///
-/// An API answer to a request that presents credentials (a bearer token,
-/// the session cookie or a link key) is that caller's own: no cache keeps it
-/// (`Cache-Control: private, no-store`, unless the route set its own), it
-/// varies with those headers, and no other site's page may embed it
-/// (`Cross-Origin-Resource-Policy: same-origin`). A session cookie that is no session
-/// any more (signed out elsewhere, a password reset, expired) is cleared
-/// with the `401` a request it signs gets, so the browser stops sending it
-/// and reads as anyone.
+/// Every API answer varies with `Authorization`, `Cookie` and
+/// `Tarn-Link-Key`, so a shared cache never hands one caller's answer
+/// to another. An answer to a request that presents credentials (a
+/// bearer token, the session cookie or a link key) is that caller's own:
+/// no cache keeps it (`Cache-Control: private, no-store`, unless the route
+/// set its own), nor keeps what a link opened once the link is removed.
+/// One signed by a token or the cookie may not be embedded by another
+/// site's page (`Cross-Origin-Resource-Policy: same-origin`); a link's may,
+/// as its key travels in the page's own URL. A session cookie that is no
+/// session any more (signed out elsewhere, a password reset, expired) is
+/// cleared with the `401` a request it signs gets, so the browser stops
+/// sending it and reads as anyone.
 struct Credentials {
     bearer: bool,
     /// The name of the session cookie presented, if one was.
     cookie: Option<&'static str>,
+    link: bool,
     tls: bool,
     /// A sign-in's 401 is about the password it sent (or its address),
     /// never about a session the browser holds; sign-out clears the
@@ -231,29 +236,26 @@ struct Credentials {
 }
 
 impl Credentials {
-    /// Those of an API request, if it presents any.
+    /// Those of an API request (`None` for any other).
     fn of(req: &Request, s: &AppState) -> Option<Credentials> {
         let h = req.headers();
         let path = req.uri().path();
-        // A link key, as a header or in the query: a shared cache must not
-        // hand what it opened to callers without it, nor keep it once the
-        // link is removed.
-        let link = h.contains_key(extract::LINK_KEY_HEADER)
-            || req.uri().query().is_some_and(|q| {
-                extract::serde_urlencoded_pairs(q)
-                    .is_ok_and(|pairs| pairs.iter().any(|(k, _)| k == "key"))
-            });
-        if !path.starts_with("/api/")
-            || !(link || h.contains_key(header::AUTHORIZATION) || h.contains_key(header::COOKIE))
-        {
+        if !path.starts_with("/api/") {
             return None;
         }
+        // A key in the query, however its name is encoded.
+        let link = h.contains_key(extract::LINK_KEY_HEADER)
+            || req.uri().query().is_some_and(|q| {
+                (q.contains("key") || q.contains('%'))
+                    && extract::serde_urlencoded_pairs(q)
+                        .is_ok_and(|pairs| pairs.iter().any(|(k, _)| k == "key"))
+            });
         let tls = extract::Via::of_request(req, s).tls;
         let cookie = extract::session_cookie(h, tls).map(|_| extract::session_cookie_name(tls));
-        let bearer = h.contains_key(header::AUTHORIZATION);
-        (link || bearer || cookie.is_some()).then_some(Credentials {
-            bearer,
+        Some(Credentials {
+            bearer: h.contains_key(header::AUTHORIZATION),
             cookie,
+            link,
             tls,
             signing: path.starts_with("/api/v1/sessions"),
         })
@@ -268,19 +270,24 @@ impl Credentials {
             _ => None,
         };
         let h = res.headers_mut();
-        h.entry(header::CACHE_CONTROL)
-            .or_insert(HeaderValue::from_static("private, no-store"));
         h.append(
             header::VARY,
             HeaderValue::from_static("Authorization, Cookie, Tarn-Link-Key"),
         );
+        let signed = self.bearer || self.cookie.is_some();
+        if signed || self.link {
+            h.entry(header::CACHE_CONTROL)
+                .or_insert(HeaderValue::from_static("private, no-store"));
+        }
         // Nor may another site's page embed it (an `<img>` of a body, say,
         // sent with the cookie by a sibling subdomain): its loading or not
         // would tell that page what exists.
-        h.insert(
-            "cross-origin-resource-policy",
-            HeaderValue::from_static("same-origin"),
-        );
+        if signed {
+            h.insert(
+                "cross-origin-resource-policy",
+                HeaderValue::from_static("same-origin"),
+            );
+        }
         if let Some(name) = dead_cookie {
             if let Ok(v) = HeaderValue::from_str(&extract::cleared_cookie(name, self.tls)) {
                 h.append(header::SET_COOKIE, v);

@@ -1072,3 +1072,27 @@ async fn full_pages_do_not_wait_for_a_lagging_feed() {
     }
     assert_eq!(seen, made);
 }
+
+/// A stream catching up from the store on changes that pass its queue's
+/// bytes many times over (forty of 60 KB; it takes them a few at a time)
+/// still sends every one, once, in order.
+#[tokio::test]
+async fn a_stream_catches_up_on_large_changes_a_few_at_a_time() {
+    let e = common::memory();
+    let ann = sign_up(&e, "ann").await;
+    let start = e.changes(&ann, None, None, 1).await.unwrap().next;
+    let mut made = Vec::new();
+    for n in 0..40 {
+        let big = format!("{n:03}{}", "x".repeat(60_000));
+        let item = e
+            .create_item(&ann, "doc", props(json!({ "big": big })), vec![])
+            .await
+            .unwrap();
+        made.push(item.item.id);
+    }
+    let mut sub = e.subscribe(&ann, Some(&start), None).await.unwrap();
+    for (n, id) in made.iter().enumerate() {
+        assert_eq!(&put_of(next(&mut sub, &format!("change {n}")).await), id);
+    }
+    no_event(&mut sub).await;
+}

@@ -500,6 +500,8 @@ async fn signing_out_by_cookie_clears_it_and_ends_the_session() {
         r.header("cache-control").is_none(),
         "no credentials, nothing private"
     );
+    // But a shared cache keeps it apart from what a signed-in caller gets.
+    assert!(r.header("vary").unwrap().contains("Authorization, Cookie"));
     // A wrong password sent from a browser that is signed in says nothing
     // of its session: the cookie stays.
     let r = app
