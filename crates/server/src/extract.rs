@@ -265,6 +265,15 @@ pub struct LinkKey(pub Option<String>);
 /// The header a link key may come in.
 pub const LINK_KEY_HEADER: &str = "tarn-link-key";
 
+/// Whether a query string gives a link key (`key=`, its name encoded in
+/// any way), read without allocating.
+pub fn names_a_key(query: &str) -> bool {
+    query.split('&').any(|pair| {
+        let name = pair.split('=').next().unwrap_or("");
+        percent_encoding::percent_decode_str(name).eq(b"key".iter().copied())
+    })
+}
+
 impl<S: Send + Sync> FromRequestParts<S> for LinkKey {
     type Rejection = ApiError;
 
@@ -880,6 +889,16 @@ mod tests {
             " , ,",
         ] {
             assert_eq!(if_match(bad).await, Err(400), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_query_names_a_key_however_it_is_encoded() {
+        for q in ["key=a", "q=x&key=", "k%65y=a", "%6B%65%79=a", "key"] {
+            assert!(names_a_key(q), "{q}");
+        }
+        for q in ["", "keys=a", "q=key", "monkey=a", "k%65=y"] {
+            assert!(!names_a_key(q), "{q}");
         }
     }
 

@@ -245,11 +245,7 @@ impl Credentials {
         }
         // A key in the query, however its name is encoded.
         let link = h.contains_key(extract::LINK_KEY_HEADER)
-            || req.uri().query().is_some_and(|q| {
-                (q.contains("key") || q.contains('%'))
-                    && extract::serde_urlencoded_pairs(q)
-                        .is_ok_and(|pairs| pairs.iter().any(|(k, _)| k == "key"))
-            });
+            || req.uri().query().is_some_and(extract::names_a_key);
         let tls = extract::Via::of_request(req, s).tls;
         let cookie = extract::session_cookie(h, tls).map(|_| extract::session_cookie_name(tls));
         Some(Credentials {
