@@ -486,14 +486,14 @@ struct Route {
 }
 
 impl Route {
-    /// Queues `e`, unless the queue is full by count or by size.
+    /// Queues `e`, unless the queue is full by count or by size (an empty
+    /// queue takes one entry of any size).
     fn offer(&self, e: &Arc<HubEntry>) -> bool {
         let size = e.size();
         // Counted before it is sent, so the receiver never takes away
         // more than was added.
-        if self.bytes.fetch_add(size, Ordering::Relaxed) + size > QUEUE_BYTES
-            || self.tx.try_send(e.clone()).is_err()
-        {
+        let before = self.bytes.fetch_add(size, Ordering::Relaxed);
+        if (before > 0 && before + size > QUEUE_BYTES) || self.tx.try_send(e.clone()).is_err() {
             self.bytes.fetch_sub(size, Ordering::Relaxed);
             return false;
         }
@@ -1445,15 +1445,16 @@ mod tests {
     fn a_queue_is_let_go_at_its_size_too() {
         let mut r = Routes::default();
         let mut b = r.register(2, &["user:bob".parse().unwrap()]);
-        let big = |n: u8| {
+        let sized = |n: u8, len: usize| {
             let e = shared_with(n, &["user:bob"]);
             let mut entry = e.entry.clone();
-            entry.value = vec![b' '; 64 * 1024];
+            entry.value = vec![b' '; len];
             Arc::new(HubEntry {
                 entry,
                 row: e.row.clone(),
             })
         };
+        let big = |n: u8| sized(n, 64 * 1024);
         let fits = QUEUE_BYTES / big(0).size();
         for n in 0..fits {
             r.route(&big(n as u8));
@@ -1470,5 +1471,11 @@ mod tests {
         }
         assert!(r.subs.contains_key(&3), "a queue read as it fills stays");
         assert_eq!(c.bytes.load(Ordering::Relaxed), 0);
+        // An empty queue takes one entry of any size, and then no other.
+        r.route(&sized(0, QUEUE_BYTES));
+        assert!(r.subs.contains_key(&3));
+        r.route(&big(1));
+        assert!(!r.subs.contains_key(&3));
+        assert_eq!(cursors(&mut c).len(), 1);
     }
 }
