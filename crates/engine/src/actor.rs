@@ -257,7 +257,7 @@ impl Walk {
             .map(|step| {
                 let lower = step.after.clone().map_or(Bound::Unbounded, Bound::Excluded);
                 Scan::partition(MEMBERSHIPS, step.principal.as_bytes().to_vec(), per)
-                    .bounds(lower, Bound::Unbounded)
+                    .bounds(lower, Bound::Excluded(schema::GATE.to_vec()))
             })
             .collect()
     }

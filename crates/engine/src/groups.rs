@@ -424,7 +424,12 @@ impl Engine {
                     _ => unreachable!("checked above"),
                 };
                 let m = member.to_string();
-                let gets = [schema::group_key(id), member_row, membership_key(&m, id)];
+                let gets = [
+                    schema::group_key(id),
+                    member_row,
+                    membership_key(&m, id),
+                    schema::membership_gate(&m),
+                ];
                 let (actor, own) = self.resolve(&mut snap, caller, &gets, &[]).await?;
                 actor.require_user()?;
                 let (group, _) = decode_group(&own.rows[0])?.ok_or_else(|| no_group(id))?;
@@ -487,6 +492,15 @@ impl Engine {
                     Ok(value) => b.put(key.clone(), value, 1).guard(key, Expect::Absent),
                     Err(held) => b.guard(key, held),
                 };
+                // Of two adds of this user made at once, the later counts
+                // the groups the earlier gave (its gate moved: read again).
+                let gate = schema::membership_gate(&m);
+                let (expect, next) = match &own.rows[3] {
+                    Some(r) => (Expect::Version(r.version), r.version + 1),
+                    None => (Expect::Absent, 1),
+                };
+                b.put(gate.clone(), schema::MARK.to_vec(), next)
+                    .guard(gate, expect);
                 crate::changes::record_member(&mut b, self.now(), member, Delta::Gained(gained));
                 self.write_changes(b).await?;
                 Ok(None)

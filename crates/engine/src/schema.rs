@@ -52,6 +52,16 @@ pub(crate) const THROTTLE: Table = Table::new("throttle");
 pub(crate) const MARK: &[u8] = b"-";
 /// Clustering key of the item row in an item's partition.
 pub(crate) const ITEM_ROW: &[u8] = b"i";
+/// Clustering key of a user's gate row in the user's memberships: after
+/// every group id (ids are lower-case letters, digits and `._-`), so walks
+/// end before it. Every direct add of the user writes it, guarded on the
+/// version it read, so adds of one user made at once count each other.
+pub(crate) const GATE: &[u8] = b"~";
+
+/// The gate row of `member`'s memberships (see [`GATE`]).
+pub(crate) fn membership_gate(member: &str) -> Key {
+    Key::new(MEMBERSHIPS, member.as_bytes(), GATE.to_vec())
+}
 /// Clustering key of a kind bucket's declarations stamp (item ids never
 /// start with a zero byte).
 pub(crate) const STAMP_ROW: &[u8] = b"\0";

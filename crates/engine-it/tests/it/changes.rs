@@ -357,18 +357,29 @@ async fn joiners_see_only_what_came_after_they_joined(e: Engine) {
             .await
             .unwrap();
     }
-    let page = e.changes(&carol, Some(&start), None, 50).await.unwrap();
-    let seen: Vec<(String, u64, bool)> = page
-        .changes
-        .iter()
-        .map(|c| {
-            let secret = c
-                .item
-                .as_ref()
-                .is_some_and(|v| v.item.properties.map().contains_key("secret"));
-            (c.id.clone(), c.version, secret)
-        })
-        .collect();
+    // A store may show a commit to the feed a little later (on PostgreSQL,
+    // while any other transaction of the database that began before it
+    // runs, such as another test's): read again until both edits show.
+    let mut tries = 0;
+    let seen: Vec<(String, u64, bool)> = loop {
+        let page = e.changes(&carol, Some(&start), None, 50).await.unwrap();
+        let seen: Vec<_> = page
+            .changes
+            .iter()
+            .map(|c| {
+                let secret = c
+                    .item
+                    .as_ref()
+                    .is_some_and(|v| v.item.properties.map().contains_key("secret"));
+                (c.id.clone(), c.version, secret)
+            })
+            .collect();
+        tries += 1;
+        if seen.len() >= 2 || tries == 100 {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(
         seen,
         vec![(ids[0].clone(), 3, false), (ids[1].clone(), 3, false)],

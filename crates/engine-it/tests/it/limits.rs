@@ -555,3 +555,67 @@ async fn links_made_at_once_keep_to_the_bound_postgres() {
 async fn links_made_at_once_keep_to_the_bound_cassandra() {
     links_made_at_once_keep_to_the_bound(common::cassandra().await).await;
 }
+
+/// Adds of one user made at once keep to the user's bound: each counts
+/// the groups the others gave (before, each counted in its own snapshot,
+/// so a stranger adding someone in 990 groups to thirty more at once
+/// passed the bound, and the victim lost the groups that sort last).
+async fn adds_of_one_user_at_once_keep_to_the_bound(e: Engine, store: Arc<dyn Store>) {
+    let attacker = sign_up(&e, "mallory").await;
+    let victim = sign_up(&e, "victim").await;
+    let mut b = Batch::new();
+    for i in 0..990 {
+        raw_membership(&mut b, "user:victim", &format!("g{i:03}"));
+    }
+    store.write(b).await.unwrap();
+    for i in 0..30 {
+        e.create_group(&attacker, &format!("trap{i}"), None, Default::default())
+            .await
+            .unwrap();
+    }
+    let adds: Vec<_> = (0..30)
+        .map(|i| {
+            let (e, attacker) = (e.clone(), attacker.clone());
+            tokio::spawn(async move {
+                e.add_member(
+                    &attacker,
+                    &format!("trap{i}"),
+                    &Principal::User("victim".into()),
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut added = 0;
+    for a in adds {
+        match a.await.unwrap() {
+            Ok(()) => added += 1,
+            Err(EngineError::Conflict(_) | EngineError::Unavailable(_)) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(added <= 10, "{added} adds passed the bound");
+    assert!(e.me(&victim).await.unwrap().groups.len() <= 1000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adds_of_one_user_at_once_keep_to_the_bound_sqlite() {
+    let (e, _dir) = common::sqlite();
+    let e = engine(e.store().clone());
+    let store = e.store().clone();
+    adds_of_one_user_at_once_keep_to_the_bound(e, store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adds_of_one_user_at_once_keep_to_the_bound_postgres() {
+    let e = engine(common::postgres().await.store().clone());
+    let store = e.store().clone();
+    adds_of_one_user_at_once_keep_to_the_bound(e, store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adds_of_one_user_at_once_keep_to_the_bound_cassandra() {
+    let e = engine(common::cassandra().await.store().clone());
+    let store = e.store().clone();
+    adds_of_one_user_at_once_keep_to_the_bound(e, store).await;
+}
