@@ -559,21 +559,22 @@ async fn links_made_at_once_keep_to_the_bound_cassandra() {
 /// Adds of one user made at once keep to the user's bound: each counts
 /// the groups the others gave (before, each counted in its own snapshot,
 /// so a stranger adding someone in 990 groups to thirty more at once
-/// passed the bound, and the victim lost the groups that sort last).
+/// passed the bound by 16, and the victim lost the groups that sort
+/// last). Here: in 995, twelve more at once.
 async fn adds_of_one_user_at_once_keep_to_the_bound(e: Engine, store: Arc<dyn Store>) {
     let attacker = sign_up(&e, "mallory").await;
     let victim = sign_up(&e, "victim").await;
     let mut b = Batch::new();
-    for i in 0..990 {
+    for i in 0..995 {
         raw_membership(&mut b, "user:victim", &format!("g{i:03}"));
     }
     store.write(b).await.unwrap();
-    for i in 0..30 {
+    for i in 0..12 {
         e.create_group(&attacker, &format!("trap{i}"), None, Default::default())
             .await
             .unwrap();
     }
-    let adds: Vec<_> = (0..30)
+    let adds: Vec<_> = (0..12)
         .map(|i| {
             let (e, attacker) = (e.clone(), attacker.clone());
             tokio::spawn(async move {
@@ -594,7 +595,7 @@ async fn adds_of_one_user_at_once_keep_to_the_bound(e: Engine, store: Arc<dyn St
             Err(other) => panic!("{other:?}"),
         }
     }
-    assert!(added <= 10, "{added} adds passed the bound");
+    assert!(added <= 5, "{added} adds passed the bound");
     assert!(e.me(&victim).await.unwrap().groups.len() <= 1000);
 }
 
