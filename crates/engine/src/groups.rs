@@ -489,18 +489,27 @@ impl Engine {
                 let mut b = Batch::new();
                 b.put(member_key(id, &m), schema::MARK.to_vec(), 1);
                 match joined {
-                    Ok(value) => b.put(key.clone(), value, 1).guard(key, Expect::Absent),
-                    Err(held) => b.guard(key, held),
+                    Ok(value) => {
+                        b.put(key.clone(), value, 1).guard(key, Expect::Absent);
+                        if let Principal::User(_) = member {
+                            // Of two new memberships of this user made at
+                            // once, the later counts the groups the earlier
+                            // gave (its gate moved: read again). A
+                            // membership added again gives none, and
+                            // leaves the gate.
+                            let gate = schema::membership_gate(&m);
+                            let (expect, next) = match &own.rows[3] {
+                                Some(r) => (Expect::Version(r.version), r.version + 1),
+                                None => (Expect::Absent, 1),
+                            };
+                            b.put(gate.clone(), schema::MARK.to_vec(), next)
+                                .guard(gate, expect);
+                        }
+                    }
+                    Err(held) => {
+                        b.guard(key, held);
+                    }
                 };
-                // Of two adds of this user made at once, the later counts
-                // the groups the earlier gave (its gate moved: read again).
-                let gate = schema::membership_gate(&m);
-                let (expect, next) = match &own.rows[3] {
-                    Some(r) => (Expect::Version(r.version), r.version + 1),
-                    None => (Expect::Absent, 1),
-                };
-                b.put(gate.clone(), schema::MARK.to_vec(), next)
-                    .guard(gate, expect);
                 crate::changes::record_member(&mut b, self.now(), member, Delta::Gained(gained));
                 self.write_changes(b).await?;
                 Ok(None)

@@ -10,7 +10,7 @@
 //! | `user_sessions` | username | SHA-256 of the token | `-` |
 //! | `groups` | group id | `g` | [`Group`](crate::Group) JSON (managers inside) |
 //! | `members` | group id | member principal | `-` |
-//! | `memberships` | member principal | group id | `-` |
+//! | `memberships` | member principal | group id; `~`: a user's gate, moved by each new membership | `-` / join cursor |
 //! | `meta` | `layout` / `feed` | `l` / `trimmed` | the layout / the last change trimmed |
 //! | `items` | item id | `i`: the item; `l` + SHA-256 of a link key: the link | [`ItemRow`] (binary) / role JSON |
 //! | `kinds` | kind, bucket | item id: every item of a kind, for index builds; `\0`: the bucket's declarations stamp | `-` |
