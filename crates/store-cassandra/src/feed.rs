@@ -9,12 +9,15 @@
 //! (timestamp, write id, position in the batch), its cursor. Entries go
 //! with the batch that appends them (in its logged batch, or with the rest
 //! of a guarded batch). A reader merges the shards of each bucket in order
-//! and reads only up to [`LAG`] behind now, so an entry whose write took
-//! less than that to land is never passed over; one that took longer (a
-//! writer stalled for seconds, or one that died between the two steps of a
-//! guarded write and was completed by the roll-forward) may be, by a reader
-//! already past it. That is the one place Cassandra is weaker than the
-//! other backends here, and what `LAG` trades against latency. The end a
+//! and reads only up to [`LAG_MICROS`] behind now, and below the oldest
+//! stamp any node still has in flight as its latest mark says
+//! (`marks.rs`), so an entry whose write took less than the lag to land,
+//! or whose node went on marking until it landed, is never passed over. One
+//! that landed later than `marks::HOLD_MICROS` after its node's last mark (a
+//! node that could not write its marks, or one that died between the two
+//! steps of a guarded write, completed by the roll-forward) may be, by a
+//! reader already past it. That is the one place Cassandra is weaker than
+//! the other backends here. The end a
 //! reader starting from now is handed ([`Inner::feed_end`]) is now itself,
 //! not the readable end, so that a change committed just before is not
 //! handed out again; a write still landing then, stamped before now, is
@@ -46,7 +49,7 @@ pub(crate) const LAG_MICROS: i64 = 1_000_000;
 /// Prefix of the tables that hold feeds (no table of the engine's has it).
 const FEED_PREFIX: &str = "zfeed_";
 /// Where each feed's trimmed-through bucket and the store's birth are kept.
-const META: &str = "zfeedmeta";
+pub(crate) const META: &str = "zfeedmeta";
 
 fn feed_table(feed: Table) -> StoreResult<Table> {
     Table::named(&format!("{FEED_PREFIX}{}", feed.name()))
@@ -117,7 +120,7 @@ impl Inner {
         limit: usize,
     ) -> StoreResult<Vec<FeedEntry>> {
         let table = feed_table(feed)?;
-        let horizon = wall_micros() - LAG_MICROS;
+        let horizon = self.held_horizon(wall_micros() - LAG_MICROS).await?;
         // A cursor at or past the horizon (the end handed out a moment
         // ago, or a faster clock's entry): nothing is readable after it yet.
         if let Some(c) = after {
@@ -159,7 +162,7 @@ impl Inner {
     }
 
     /// A cursor after every entry written before now, not only those
-    /// readable now ([`LAG`] behind): a client that asks for the end
+    /// readable now ([`LAG_MICROS`] behind, or more): a client that asks for the end
     /// after a write is not handed that write again. (An entry still
     /// landing, stamped before now by a writer that began before, is
     /// passed over by a reader starting here; so is one stamped by a

@@ -127,6 +127,10 @@
 //!   applied and others not — the one case where all-or-nothing is lost. A
 //!   Cassandra node dying: nothing, at replication factor 3 and `QUORUM`;
 //!   it catches up by hints and read repair when it is back.
+//! - **Feeds** are ordered by the writing process's clock, and read a lag
+//!   behind now and below every write still in flight, as each process's
+//!   latest *mark* says: an entry whose writer kept marking until it landed
+//!   is read late, never passed over (`feed.rs`, `marks.rs`).
 //! - **Timeouts may hide success.** When `write` answers
 //!   [`StoreError::Unavailable`] after step 1 succeeded (step 2 kept
 //!   failing, or the outcome could not be learnt), the batch may yet be
@@ -144,6 +148,8 @@
 //!   partition, in parallel, then the intent's removal. Each leaves a
 //!   tombstone in its partition's intent range, which no read's slice
 //!   touches.
+//! - Feed marks: a process that writes feed entries writes one row every
+//!   200 ms; a feed read also reads the marks' partition (a row a process).
 //! - The sweeper: one query of the intent index per
 //!   [`CassandraOptions::sweep_interval`] and store, answered by every
 //!   node; it also passes over index entries of removed intents that
@@ -175,6 +181,7 @@
 mod error;
 mod feed;
 mod intent;
+mod marks;
 mod read;
 mod retry;
 mod schema;
@@ -291,12 +298,20 @@ impl Clock {
 }
 
 struct Inner {
-    session: Session,
+    session: Arc<Session>,
     keyspace: String,
     st: Statements,
     options: CassandraOptions,
     clock: Clock,
+    /// This store's writes in flight, for its feed marks.
+    flights: marks::Flights,
     counters: Counters,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.retire_mark();
+    }
 }
 
 /// The Cassandra store. Cheap to clone: clones share one driver session
@@ -356,18 +371,20 @@ impl CassandraStore {
         }
         let st = Statements::prepare(&session, &target.keyspace).await?;
         let inner = Arc::new(Inner {
-            session,
+            session: Arc::new(session),
             keyspace: target.keyspace.clone(),
             st,
             options,
             clock: Clock {
                 last: AtomicI64::new(0),
             },
+            flights: marks::Flights::new()?,
             counters: Counters::default(),
         });
         if let Some(every) = inner.options.sweep_interval {
             spawn_sweeper(Arc::downgrade(&inner), every);
         }
+        marks::spawn_marker(Arc::downgrade(&inner));
         let store = CassandraStore { inner };
         store.record_birth().await?;
         Ok(store)
@@ -438,6 +455,46 @@ impl CassandraStore {
     }
 }
 
+impl CassandraStore {
+    /// [`Store::write`]; with `delay`, the batch is sent that long after its
+    /// feed entries were stamped (a test hook's slow write).
+    async fn write_after(&self, batch: Batch, delay: Option<Duration>) -> StoreResult<()> {
+        batch.validate()?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // Feed entries are rows of their own, written with the batch; the
+        // store's marks hold readers back until they land (`marks.rs`).
+        let flight =
+            (!batch.appends.is_empty()).then(|| self.inner.flights.begin(&self.inner.clock));
+        let appends = match &flight {
+            Some(f) => feed::append_ops(&batch, f.stamp)?,
+            None => Vec::new(),
+        };
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        let all: Vec<Op> = batch.ops.iter().cloned().chain(appends).collect();
+        let ops = dedup(&all);
+        let written = if batch.guards.is_empty() {
+            self.inner.write_plain(ops).await
+        } else {
+            self.inner
+                .write_guarded(&batch.guards, ops, Mode::Full)
+                .await
+        };
+        drop(flight);
+        written
+    }
+
+    /// Test hook: a write whose batch is sent `delay` after its feed
+    /// entries were stamped, as one that keeps retrying would land.
+    #[cfg(feature = "test-hooks")]
+    pub async fn write_landing_late(&self, batch: Batch, delay: Duration) -> StoreResult<()> {
+        self.write_after(batch, Some(delay)).await
+    }
+}
+
 fn rows_of(r: QueryResult) -> StoreResult<Vec<scylla::value::Row>> {
     let rows = r
         .into_rows_result()
@@ -465,21 +522,7 @@ impl Store for CassandraStore {
     }
 
     async fn write(&self, batch: Batch) -> StoreResult<()> {
-        batch.validate()?;
-        if batch.is_empty() {
-            return Ok(());
-        }
-        // Feed entries are rows of their own, written with the batch.
-        let appends = feed::append_ops(&batch, self.inner.clock.next())?;
-        let all: Vec<Op> = batch.ops.iter().cloned().chain(appends).collect();
-        let ops = dedup(&all);
-        if batch.guards.is_empty() {
-            self.inner.write_plain(ops).await
-        } else {
-            self.inner
-                .write_guarded(&batch.guards, ops, Mode::Full)
-                .await
-        }
+        self.write_after(batch, None).await
     }
 
     fn consistency(&self) -> Consistency {

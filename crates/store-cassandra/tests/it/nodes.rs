@@ -212,3 +212,49 @@ async fn a_batch_over_the_size_limit_is_split_and_fully_applied() {
     assert!(matches!(s.write(w).await, Err(StoreError::Invalid(_))));
     assert!(snap.get(&Key::new(t, [9], [0])).await.unwrap().is_none());
 }
+
+/// A feed entry that lands seconds after it was stamped (its write kept
+/// retrying, say) is not passed over by a reader on another node that
+/// follows the feed meanwhile, past a later entry: the writer's marks hold
+/// every reader below its stamp until it lands. Without them the reader got
+/// the later entry only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_entry_landing_late_is_read_late_not_passed_over() {
+    let _g = CLUSTER.read().await;
+    let url = fresh_url();
+    let a = connect(&url, options()).await;
+    let b = connect(&url, options()).await;
+    let feed = Table::new("late_feed");
+    let start = b.snapshot().await.unwrap().feed_end(feed).await.unwrap();
+    let slow = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let mut w = Batch::new();
+            w.append(feed, b"late".to_vec());
+            a.write_landing_late(w, std::time::Duration::from_secs(4))
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mut w = Batch::new();
+    w.append(feed, b"after".to_vec());
+    b.write(w).await.unwrap();
+    // B follows the feed, as a node's feed reader does, until both are in.
+    let mut seen: Vec<Vec<u8>> = Vec::new();
+    let mut cursor = start;
+    let mut polls = 0;
+    while seen.len() < 2 && polls < 200 {
+        polls += 1;
+        let mut snap = b.snapshot().await.unwrap();
+        for e in snap.read_feed(feed, Some(&cursor), 100).await.unwrap() {
+            seen.push(e.value);
+            cursor = e.cursor;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        if slow.is_finished() && polls > 100 {
+            break;
+        }
+    }
+    slow.await.unwrap().unwrap();
+    assert_eq!(seen, [b"late".to_vec(), b"after".to_vec()]);
+}
