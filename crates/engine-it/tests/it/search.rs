@@ -904,105 +904,121 @@ async fn run_model(e: Engine, ops: Vec<Op>) {
             }
         }
     }
-    // Every user, every one- and two-word query, both match modes.
+    // Every user, every one- and two-word query, both match modes; the
+    // users at once (on Cassandra the queries wait on round trips).
+    let docs = std::sync::Arc::new(docs);
+    let members = std::sync::Arc::new(members);
+    let mut checks = tokio::task::JoinSet::new();
     for u in 0..USERS {
-        let reads = |d: &Doc| {
-            !d.gone
-                && (d.by == u
-                    || d.share.iter().any(|w| match w {
-                        Who::User(x) => *x == u,
-                        Who::Group => members.contains(&u),
-                        Who::Everyone => true,
-                    }))
-        };
-        let caller = common::user(&format!("u{u}"));
-        // Each word's score in each item, in thousandths: a query's score
-        // is the sum of its matched words' (whether an item's impacts come
-        // from the rows read or from its forward row).
-        let mut single: Vec<BTreeMap<String, u64>> = Vec::new();
-        for w in VOCAB {
-            let hits = all_pages(
-                &e,
-                &caller,
-                SearchQuery {
-                    q: w.to_string(),
-                    limit: 3,
-                    ..q("")
-                },
-            )
-            .await;
-            single.push(hits.into_iter().map(|(id, s)| (id, milli(s))).collect());
+        let (e, docs, members) = (e.clone(), docs.clone(), members.clone());
+        checks.spawn(async move { check_user(&e, u, &docs, &members).await });
+    }
+    while let Some(done) = checks.join_next().await {
+        if let Err(e) = done {
+            std::panic::resume_unwind(e.into_panic());
         }
-        // Search as you type: the first letter and the first two of each
-        // word (no two words of the vocabulary start alike).
-        for (i, w) in VOCAB.iter().enumerate() {
-            for typed in [&w[..1], &w[..2]] {
+    }
+}
+
+/// Every one- and two-word query of user `u`, both match modes, against
+/// the model's `docs` and group `members`.
+async fn check_user(e: &Engine, u: usize, docs: &[Doc], members: &BTreeSet<usize>) {
+    let reads = |d: &Doc| {
+        !d.gone
+            && (d.by == u
+                || d.share.iter().any(|w| match w {
+                    Who::User(x) => *x == u,
+                    Who::Group => members.contains(&u),
+                    Who::Everyone => true,
+                }))
+    };
+    let caller = common::user(&format!("u{u}"));
+    // Each word's score in each item, in thousandths: a query's score
+    // is the sum of its matched words' (whether an item's impacts come
+    // from the rows read or from its forward row).
+    let mut single: Vec<BTreeMap<String, u64>> = Vec::new();
+    for w in VOCAB {
+        let hits = all_pages(
+            e,
+            &caller,
+            SearchQuery {
+                q: w.to_string(),
+                limit: 3,
+                ..q("")
+            },
+        )
+        .await;
+        single.push(hits.into_iter().map(|(id, s)| (id, milli(s))).collect());
+    }
+    // Search as you type: the first letter and the first two of each
+    // word (no two words of the vocabulary start alike).
+    for (i, w) in VOCAB.iter().enumerate() {
+        for typed in [&w[..1], &w[..2]] {
+            let query = SearchQuery {
+                q: typed.to_string(),
+                prefix: true,
+                limit: 2,
+                ..q("")
+            };
+            let got: BTreeSet<String> = ids(e, &caller, query).await.into_iter().collect();
+            let want: BTreeSet<String> = docs
+                .iter()
+                .filter(|d| reads(d) && d.words.contains(&i))
+                .map(|d| d.id.clone())
+                .collect();
+            assert_eq!(got, want, "u{u} prefix {typed}");
+        }
+    }
+    #[allow(clippy::needless_range_loop)]
+    for a in 0..VOCAB.len() {
+        for b in a..VOCAB.len() {
+            for all in [true, false] {
+                let words: BTreeSet<usize> = [a, b].into_iter().collect();
+                let want: BTreeMap<String, usize> = docs
+                    .iter()
+                    .filter(|d| reads(d))
+                    .filter_map(|d| {
+                        let hit = words.iter().filter(|w| d.words.contains(w)).count();
+                        let ok = if all { hit == words.len() } else { hit > 0 };
+                        ok.then(|| (d.id.clone(), hit))
+                    })
+                    .collect();
                 let query = SearchQuery {
-                    q: typed.to_string(),
-                    prefix: true,
+                    q: format!("{} {}", VOCAB[a], VOCAB[b]),
+                    all,
                     limit: 2,
                     ..q("")
                 };
-                let got: BTreeSet<String> = ids(&e, &caller, query).await.into_iter().collect();
-                let want: BTreeSet<String> = docs
-                    .iter()
-                    .filter(|d| reads(d) && d.words.contains(&i))
-                    .map(|d| d.id.clone())
-                    .collect();
-                assert_eq!(got, want, "u{u} prefix {typed}");
-            }
-        }
-        #[allow(clippy::needless_range_loop)]
-        for a in 0..VOCAB.len() {
-            for b in a..VOCAB.len() {
-                for all in [true, false] {
-                    let words: BTreeSet<usize> = [a, b].into_iter().collect();
-                    let want: BTreeMap<String, usize> = docs
+                let got = all_pages(e, &caller, query).await;
+                for (id, score) in &got {
+                    let sum: u64 = words.iter().filter_map(|w| single[*w].get(id)).sum();
+                    let matched = words
                         .iter()
-                        .filter(|d| reads(d))
-                        .filter_map(|d| {
-                            let hit = words.iter().filter(|w| d.words.contains(w)).count();
-                            let ok = if all { hit == words.len() } else { hit > 0 };
-                            ok.then(|| (d.id.clone(), hit))
-                        })
-                        .collect();
-                    let query = SearchQuery {
-                        q: format!("{} {}", VOCAB[a], VOCAB[b]),
-                        all,
-                        limit: 2,
-                        ..q("")
-                    };
-                    let got = all_pages(&e, &caller, query).await;
-                    for (id, score) in &got {
-                        let sum: u64 = words.iter().filter_map(|w| single[*w].get(id)).sum();
-                        let matched = words
-                            .iter()
-                            .filter(|w| single[**w].contains_key(id))
-                            .count();
-                        assert_eq!(
-                            milli(*score),
-                            shown(sum, matched as u64, all),
-                            "{id}: {words:?} all={all}"
-                        );
-                    }
-                    let got_ids: BTreeSet<String> = got.iter().map(|h| h.0.clone()).collect();
-                    assert_eq!(got.len(), got_ids.len(), "no hit twice");
+                        .filter(|w| single[**w].contains_key(id))
+                        .count();
                     assert_eq!(
-                        got_ids,
-                        want.keys().cloned().collect::<BTreeSet<_>>(),
-                        "u{u} {:?} all={all}",
-                        words
+                        milli(*score),
+                        shown(sum, matched as u64, all),
+                        "{id}: {words:?} all={all}"
                     );
-                    if !all {
-                        // More matched words first.
-                        let matched: Vec<usize> = got.iter().map(|h| want[&h.0]).collect();
-                        assert!(matched.windows(2).all(|w| w[0] >= w[1]), "{matched:?}");
-                    } else {
-                        assert!(
-                            got.windows(2).all(|w| w[0].1 >= w[1].1),
-                            "best first: {got:?}"
-                        );
-                    }
+                }
+                let got_ids: BTreeSet<String> = got.iter().map(|h| h.0.clone()).collect();
+                assert_eq!(got.len(), got_ids.len(), "no hit twice");
+                assert_eq!(
+                    got_ids,
+                    want.keys().cloned().collect::<BTreeSet<_>>(),
+                    "u{u} {:?} all={all}",
+                    words
+                );
+                if !all {
+                    // More matched words first.
+                    let matched: Vec<usize> = got.iter().map(|h| want[&h.0]).collect();
+                    assert!(matched.windows(2).all(|w| w[0] >= w[1]), "{matched:?}");
+                } else {
+                    assert!(
+                        got.windows(2).all(|w| w[0].1 >= w[1].1),
+                        "best first: {got:?}"
+                    );
                 }
             }
         }
