@@ -761,8 +761,9 @@ impl Engine {
         // On a store whose feed is readable only some time after a write
         // (Cassandra), a page that reached the readable end is read again
         // once that time has passed: it then holds every change committed
-        // before it was asked, on any node. A full page (of changes further
-        // back) is answered at once.
+        // before it was asked, on any node, unless an older write still
+        // landing holds the feed back (the rest comes on a later poll). A
+        // full page (of changes further back) is answered at once.
         let lag = self.store().feed_lag();
         if lag.is_zero() || !page.reached_end {
             return Ok(page.page);

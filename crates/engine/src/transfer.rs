@@ -265,11 +265,23 @@ impl Engine {
     /// Whether the store holds no row at all: no server started on it and
     /// nothing was imported into it (a schema or keyspace that opening it
     /// just made, under a name mistyped).
+    ///
+    /// A batch may hold none of the rows it passed over (Cassandra's hides
+    /// its feeds and marks) and still have more after it: the walk goes on
+    /// until a row or the end.
     pub async fn holds_nothing(&self) -> Result<bool> {
-        let (rows, _) = self
-            .retrying(|| async { Ok(self.snapshot().await?.scan_all(None, 1).await?) })
-            .await?;
-        Ok(rows.is_empty())
+        let mut cursor: Option<Vec<u8>> = None;
+        let mut limit = MIN_BATCH;
+        loop {
+            let (rows, next) = self.rows_after(cursor.as_deref(), &mut limit).await?;
+            if !rows.is_empty() {
+                return Ok(false);
+            }
+            match next {
+                Some(n) => cursor = Some(n),
+                None => return Ok(true),
+            }
+        }
     }
 
     /// A batch of at most `limit` of the store's rows, every table's,

@@ -12,11 +12,11 @@
 //! and reads only up to [`LAG_MICROS`] behind now, and below the oldest
 //! stamp any node still has in flight as its latest mark says
 //! (`marks.rs`), so an entry whose write took less than the lag to land,
-//! or whose node went on marking until it landed, is never passed over. One
-//! that landed later than `marks::HOLD_MICROS` after its node's last mark (a
-//! node that could not write its marks, or one that died between the two
-//! steps of a guarded write, completed by the roll-forward) may be, by a
-//! reader already past it. That is the one place Cassandra is weaker than
+//! or within `marks::CAP_MICROS` while its node went on marking, is never
+//! passed over. One that landed later (the roll-forward of a writer that
+//! died between the two steps of a guarded write, or after its node could
+//! not write its marks for `marks::HOLD_MICROS`) may be, by a reader
+//! already past it. That is the one place Cassandra is weaker than
 //! the other backends here. The end a
 //! reader starting from now is handed ([`Inner::feed_end`]) is now itself,
 //! not the readable end, so that a change committed just before is not

@@ -129,8 +129,9 @@
 //!   it catches up by hints and read repair when it is back.
 //! - **Feeds** are ordered by the writing process's clock, and read a lag
 //!   behind now and below every write still in flight, as each process's
-//!   latest *mark* says: an entry whose writer kept marking until it landed
-//!   is read late, never passed over (`feed.rs`, `marks.rs`).
+//!   latest *mark* says: an entry that lands within 10 s of its stamp while
+//!   its writer goes on marking is read late, never passed over (`feed.rs`,
+//!   `marks.rs`).
 //! - **Timeouts may hide success.** When `write` answers
 //!   [`StoreError::Unavailable`] after step 1 succeeded (step 2 kept
 //!   failing, or the outcome could not be learnt), the batch may yet be
@@ -465,10 +466,16 @@ impl CassandraStore {
         }
         // Feed entries are rows of their own, written with the batch; the
         // store's marks hold readers back until they land (`marks.rs`).
-        let flight =
+        let mut flight =
             (!batch.appends.is_empty()).then(|| self.inner.flights.begin(&self.inner.clock));
-        let appends = match &flight {
-            Some(f) => feed::append_ops(&batch, f.stamp)?,
+        let appends = match flight.as_mut().map(|f| (f.stamp, f)) {
+            Some((stamp, f)) => match feed::append_ops(&batch, stamp) {
+                Ok(a) => a,
+                Err(e) => {
+                    f.settle();
+                    return Err(e);
+                }
+            },
             None => Vec::new(),
         };
         if let Some(d) = delay {
@@ -483,7 +490,19 @@ impl CassandraStore {
                 .write_guarded(&batch.guards, ops, Mode::Full)
                 .await
         };
-        drop(flight);
+        // Landed, or applied nothing and never will. Otherwise (an unknown
+        // outcome, or the caller gone mid-write) the stamp stays counted
+        // for a while: the entry may yet land (`marks.rs`).
+        let settled = matches!(
+            written,
+            Ok(())
+                | Err(StoreError::GuardFailed { .. })
+                | Err(StoreError::Conflict(_))
+                | Err(StoreError::Invalid(_))
+        );
+        if let (Some(f), true) = (flight.as_mut(), settled) {
+            f.settle();
+        }
         written
     }
 

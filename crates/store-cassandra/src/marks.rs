@@ -4,25 +4,34 @@
 //! and lands when the batch does: for a guarded batch, after the
 //! transaction. Readers stop [`LAG_MICROS`](crate::feed::LAG_MICROS) behind
 //! now, which covers every write that lands within that; one that takes
-//! longer (a write retrying while a Cassandra node goes down, a stalled
-//! node) would be passed over by a reader already past its stamp.
+//! longer (a write retrying while a Cassandra node goes down) would be
+//! passed over by a reader already past its stamp.
 //!
-//! So each node keeps the stamps of its writes still in flight and, every
-//! [`MARK_EVERY`] once it has written a feed entry, publishes its *mark*:
-//! one row of its own holding `W` — its oldest stamp in flight, or the
-//! time of the mark when none is — and that time `t`. Every entry the node
-//! stamped before `W` has landed (or its write has failed). A reader stops
-//! below the `W` of every mark made in the last [`HOLD_MICROS`]: a write
-//! slower than the lag holds every reader back until it lands, so it is
-//! read late, never passed over. A node that stops or dies holds readers
-//! back for at most `HOLD` after its last mark (a store dropped while its
-//! runtime goes on removes its mark). What is left uncovered: a write that lands more than `HOLD` after
-//! its node's last mark (the node stopped marking: its marks could not be
-//! written either, or it died and the roll-forward completes its write).
+//! So each node keeps the stamps of its writes still in flight and, from
+//! its first feed write on, every [`MARK_EVERY`], publishes its *mark*: one
+//! row of its own holding `W` — its oldest stamp in flight, or the time of
+//! the mark when none is — and that time `t`. Every entry the node stamped
+//! before `W` has landed, or its write ended applying nothing. A write
+//! whose outcome is not known when it ends (it answered `Unavailable`, or
+//! its caller went away mid-write) stays counted as in flight: it may yet
+//! land, by a retry of Cassandra's or the roll-forward. `W` is never more
+//! than [`CAP_MICROS`] behind `t`, so no one write holds the feed back for
+//! longer than that.
+//!
+//! A reader stops below the `W` of every mark made in the last
+//! [`HOLD_MICROS`]: a write slower than the lag holds every reader back
+//! until it lands, so it is read late, not passed over. A node that stops
+//! or dies holds readers back for at most `HOLD` after its last mark (a
+//! store dropped while its runtime goes on removes its mark). What is left
+//! uncovered: an entry that lands more than `CAP` after its stamp (the
+//! roll-forward of a writer that died, or of a write that gave up), or
+//! after its node stopped marking for longer than `HOLD` (its marks could
+//! not be written either).
 //!
 //! Cost: a write with feed entries takes one of [`STRIPES`] locks twice,
 //! for an insert and a removal; a marking node writes one row every
-//! `MARK_EVERY`; a feed read reads the marks' partition (one row a node).
+//! `MARK_EVERY`, one attempt each, not retried (the next mark is fresher);
+//! a feed read reads the marks' partition (one row a node).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -36,9 +45,13 @@ use crate::{wall_micros, Clock, Inner};
 /// How often a node that writes feed entries publishes its mark.
 pub(crate) const MARK_EVERY: Duration = Duration::from_millis(200);
 /// How long a mark holds readers back after it was made.
-pub(crate) const HOLD_MICROS: i64 = 3_000_000;
+pub(crate) const HOLD_MICROS: i64 = 5_000_000;
+/// How far behind its time a mark's `W` may be.
+pub(crate) const CAP_MICROS: i64 = 10_000_000;
+/// How long one mark's write may take before it is given up.
+const MARK_TIMEOUT: Duration = Duration::from_secs(1);
 /// Marks older than this are removed by the live nodes (their nodes died).
-const FORGET_MICROS: i64 = 600_000_000;
+const FORGET_MICROS: i64 = 60_000_000;
 /// The marker looks for such marks every this many marks (about a minute).
 const FORGET_EVERY: u32 = 300;
 /// Locks the stamps in flight are spread over.
@@ -57,23 +70,46 @@ const MARKS: &[u8] = b"marks";
 /// landed yet.
 pub(crate) struct Flights {
     stripes: [Mutex<BTreeSet<i64>>; STRIPES],
+    /// Stamps of writes that ended without a known outcome, until they
+    /// are [`CAP_MICROS`] old.
+    unsure: Mutex<BTreeSet<i64>>,
     next: AtomicUsize,
     /// Set by the first write with feed entries: marks start then.
     used: AtomicBool,
+    /// Wakes the marker for its first mark.
+    first: tokio::sync::Notify,
     /// This store's mark: its clustering key in the marks' partition.
     pub(crate) node: [u8; 16],
 }
 
-/// A write in flight; it leaves the flights when dropped, however the
-/// write ends.
+/// A write in flight. Dropped, it leaves the flights: at once if
+/// settled, else once [`CAP_MICROS`] old.
 pub(crate) struct Flight<'a> {
     flights: &'a Flights,
     stripe: usize,
     pub(crate) stamp: i64,
+    /// Whether the write's outcome is known: landed, or nothing applied.
+    settled: bool,
+}
+
+impl Flight<'_> {
+    /// The write landed, or applied nothing and never will.
+    pub(crate) fn settle(&mut self) {
+        self.settled = true;
+    }
 }
 
 impl Drop for Flight<'_> {
     fn drop(&mut self) {
+        // Into `unsure` before out of its stripe, as [`Flights::mark`]
+        // reads the stripes before `unsure`: a mark sees it in one of them.
+        if !self.settled {
+            self.flights
+                .unsure
+                .lock()
+                .expect("flights")
+                .insert(self.stamp);
+        }
         self.flights.stripes[self.stripe]
             .lock()
             .expect("flights")
@@ -87,8 +123,10 @@ impl Flights {
         getrandom::fill(&mut node).map_err(|e| StoreError::Other(format!("random id: {e}")))?;
         Ok(Flights {
             stripes: std::array::from_fn(|_| Mutex::new(BTreeSet::new())),
+            unsure: Mutex::new(BTreeSet::new()),
             next: AtomicUsize::new(0),
             used: AtomicBool::new(false),
+            first: tokio::sync::Notify::new(),
             node,
         })
     }
@@ -97,7 +135,9 @@ impl Flights {
     /// under the stripe's lock, so a mark that reads the clock after it
     /// finds it in its stripe.
     pub(crate) fn begin<'a>(&'a self, clock: &Clock) -> Flight<'a> {
-        self.used.store(true, Ordering::Relaxed);
+        if !self.used.swap(true, Ordering::Relaxed) {
+            self.first.notify_one();
+        }
         let stripe = self.next.fetch_add(1, Ordering::Relaxed) % STRIPES;
         let mut set = self.stripes[stripe].lock().expect("flights");
         let stamp = clock.next();
@@ -106,19 +146,29 @@ impl Flights {
             flights: self,
             stripe,
             stamp,
+            settled: false,
         }
     }
 
-    /// `W` as of now: the oldest stamp in flight, or a fresh stamp (every
-    /// later write is stamped after it) when none is.
+    /// `(W, t)` as of now: `t` a fresh stamp (every later write is stamped
+    /// after it), `W` the oldest stamp in flight or unsure, `t` if none is,
+    /// and at most [`CAP_MICROS`] behind `t`.
     fn mark(&self, clock: &Clock) -> (i64, i64) {
         let t = clock.next();
-        let oldest = self
+        let floor = t - CAP_MICROS;
+        // The stripes first, then `unsure` (see `Flight`'s drop).
+        let in_flight = self
             .stripes
             .iter()
             .filter_map(|s| s.lock().expect("flights").first().copied())
             .min();
-        (oldest.map_or(t, |o| o.min(t)), t)
+        let unsure = {
+            let mut u = self.unsure.lock().expect("flights");
+            *u = u.split_off(&floor);
+            u.first().copied()
+        };
+        let oldest = in_flight.into_iter().chain(unsure).min();
+        (oldest.map_or(t, |o| o.min(t)).max(floor), t)
     }
 
     pub(crate) fn used(&self) -> bool {
@@ -137,12 +187,19 @@ fn decode(value: &[u8]) -> Option<(i64, i64)> {
     Some((w, t))
 }
 
-/// Publishes the store's mark every [`MARK_EVERY`] until it is dropped.
+/// Publishes the store's mark every [`MARK_EVERY`] from its first feed
+/// write on, until it is dropped.
 pub(crate) fn spawn_marker(inner: Weak<Inner>) {
     tokio::spawn(async move {
         let mut ticks = 0u32;
         loop {
-            tokio::time::sleep(MARK_EVERY).await;
+            match inner.upgrade().filter(|i| !i.flights.used()) {
+                // Nothing to mark yet: the first feed write wakes it.
+                Some(i) => {
+                    let _ = tokio::time::timeout(MARK_EVERY, i.flights.first.notified()).await;
+                }
+                None => tokio::time::sleep(MARK_EVERY).await,
+            }
             let Some(inner) = inner.upgrade() else { break };
             if !inner.flights.used() {
                 continue;
@@ -161,15 +218,28 @@ pub(crate) fn spawn_marker(inner: Weak<Inner>) {
 }
 
 impl Inner {
+    /// One attempt, bounded by [`MARK_TIMEOUT`]: a mark that cannot be
+    /// written now is replaced by the next, fresher one.
     async fn publish_mark(&self) -> StoreResult<()> {
         let (w, t) = self.flights.mark(&self.clock);
         let value = [w.to_be_bytes(), t.to_be_bytes()].concat();
-        let op = Op::Put {
-            key: mark_key(&self.flights.node),
-            value,
-            version: 1,
-        };
-        self.write_plain(vec![&op]).await
+        let table = marks_table();
+        let ts = self.clock.next();
+        let write = self.session.execute_unpaged(
+            &self.st.put,
+            (
+                table.name(),
+                MARKS,
+                &self.flights.node[..],
+                value.as_slice(),
+                1i64,
+                ts,
+            ),
+        );
+        match tokio::time::timeout(MARK_TIMEOUT, write).await {
+            Ok(r) => r.map(|_| ()).map_err(crate::error::map_exec),
+            Err(_) => Err(StoreError::Unavailable("a feed mark timed out".into())),
+        }
     }
 
     async fn forget_dead_marks(&self) -> StoreResult<()> {

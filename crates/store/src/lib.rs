@@ -481,9 +481,10 @@ pub trait Store: Send + Sync + 'static {
     fn consistency(&self) -> Consistency;
 
     /// How long after its write an entry may take to become readable by
-    /// [`Snapshot::read_feed`] (zero: at once), while no older write is
-    /// still landing (one that is holds back the entries after it, so that
-    /// it is not passed over). No default: a wrapper that
+    /// [`Snapshot::read_feed`] (zero: at once), while nothing holds the
+    /// feed back: a backend may hold back the entries after an older
+    /// write still landing, so that it is not passed over (Cassandra does,
+    /// for a bounded time). No default: a wrapper that
     /// forgot to forward it would make a lagging feed look immediate.
     fn feed_lag(&self) -> std::time::Duration;
 

@@ -220,40 +220,43 @@ async fn a_batch_over_the_size_limit_is_split_and_fully_applied() {
 /// the later entry only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_entry_landing_late_is_read_late_not_passed_over() {
+    use std::time::{Duration, Instant};
     let _g = CLUSTER.read().await;
     let url = fresh_url();
     let a = connect(&url, options()).await;
     let b = connect(&url, options()).await;
     let feed = Table::new("late_feed");
+    let append = |value: &[u8]| {
+        let mut w = Batch::new();
+        w.append(feed, value.to_vec());
+        w
+    };
+    // A is marking already (its first feed write starts its marks).
+    a.write(append(b"first")).await.unwrap();
     let start = b.snapshot().await.unwrap().feed_end(feed).await.unwrap();
     let slow = {
-        let a = a.clone();
-        tokio::spawn(async move {
-            let mut w = Batch::new();
-            w.append(feed, b"late".to_vec());
-            a.write_landing_late(w, std::time::Duration::from_secs(4))
-                .await
-        })
+        let (a, w) = (a.clone(), append(b"late"));
+        tokio::spawn(async move { a.write_landing_late(w, Duration::from_secs(6)).await })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let mut w = Batch::new();
-    w.append(feed, b"after".to_vec());
-    b.write(w).await.unwrap();
-    // B follows the feed, as a node's feed reader does, until both are in.
+    // Past the lag behind the late entry's stamp, so that without marks
+    // the reader is free to pass it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    b.write(append(b"after")).await.unwrap();
+    // B follows the feed, as a node's feed reader does, until both are in
+    // or well after the late write returned.
     let mut seen: Vec<Vec<u8>> = Vec::new();
     let mut cursor = start;
-    let mut polls = 0;
-    while seen.len() < 2 && polls < 200 {
-        polls += 1;
+    let mut landed: Option<Instant> = None;
+    while seen.len() < 2 && landed.is_none_or(|t| t.elapsed() < Duration::from_secs(5)) {
         let mut snap = b.snapshot().await.unwrap();
         for e in snap.read_feed(feed, Some(&cursor), 100).await.unwrap() {
             seen.push(e.value);
             cursor = e.cursor;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        if slow.is_finished() && polls > 100 {
-            break;
+        if landed.is_none() && slow.is_finished() {
+            landed = Some(Instant::now());
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     slow.await.unwrap().unwrap();
     assert_eq!(seen, [b"late".to_vec(), b"after".to_vec()]);
