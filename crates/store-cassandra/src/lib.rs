@@ -129,7 +129,7 @@
 //!   it catches up by hints and read repair when it is back.
 //! - **Feeds** are ordered by the writing process's clock, and read a lag
 //!   behind now and below every write still in flight, as each process's
-//!   latest *mark* says: an entry that lands within 10 s of its stamp while
+//!   latest *mark* says: an entry that lands within 30 s of its stamp while
 //!   its writer goes on marking is read late, never passed over (`feed.rs`,
 //!   `marks.rs`).
 //! - **Timeouts may hide success.** When `write` answers
@@ -466,8 +466,19 @@ impl CassandraStore {
         }
         // Feed entries are rows of their own, written with the batch; the
         // store's marks hold readers back until they land (`marks.rs`).
-        let mut flight =
-            (!batch.appends.is_empty()).then(|| self.inner.flights.begin(&self.inner.clock));
+        let (mut flight, first) = if batch.appends.is_empty() {
+            (None, false)
+        } else {
+            let (f, first) = self.inner.flights.begin(&self.inner.clock);
+            (Some(f), first)
+        };
+        // The store's first mark, holding this write, before the write:
+        // after it, one every `MARK_EVERY`.
+        if first {
+            if let Err(e) = self.inner.publish_mark().await {
+                tracing::debug!(error = %e, "cassandra store: the first feed mark was not written");
+            }
+        }
         let appends = match flight.as_mut().map(|f| (f.stamp, f)) {
             Some((stamp, f)) => match feed::append_ops(&batch, stamp) {
                 Ok(a) => a,
@@ -493,13 +504,14 @@ impl CassandraStore {
         // Landed, or applied nothing and never will. Otherwise (an unknown
         // outcome, or the caller gone mid-write) the stamp stays counted
         // for a while: the entry may yet land (`marks.rs`).
-        let settled = matches!(
-            written,
-            Ok(())
-                | Err(StoreError::GuardFailed { .. })
-                | Err(StoreError::Conflict(_))
-                | Err(StoreError::Invalid(_))
-        );
+        // (A plain batch split in pieces may have some applied when
+        // another is refused.)
+        let guarded = !batch.guards.is_empty();
+        let settled = match &written {
+            Ok(()) | Err(StoreError::GuardFailed { .. }) | Err(StoreError::Conflict(_)) => true,
+            Err(StoreError::Invalid(_)) => guarded,
+            Err(_) => false,
+        };
         if let (Some(f), true) = (flight.as_mut(), settled) {
             f.settle();
         }

@@ -7,16 +7,17 @@
 //! longer (a write retrying while a Cassandra node goes down) would be
 //! passed over by a reader already past its stamp.
 //!
-//! So each node keeps the stamps of its writes still in flight and, from
-//! its first feed write on, every [`MARK_EVERY`], publishes its *mark*: one
+//! So each node keeps the stamps of its writes still in flight and
+//! publishes its *mark* before its first feed write is sent, then every
+//! [`MARK_EVERY`]: one
 //! row of its own holding `W` — its oldest stamp in flight, or the time of
 //! the mark when none is — and that time `t`. Every entry the node stamped
 //! before `W` has landed, or its write ended applying nothing. A write
 //! whose outcome is not known when it ends (it answered `Unavailable`, or
 //! its caller went away mid-write) stays counted as in flight: it may yet
 //! land, by a retry of Cassandra's or the roll-forward. `W` is never more
-//! than [`CAP_MICROS`] behind `t`, so no one write holds the feed back for
-//! longer than that.
+//! than [`CAP_MICROS`] (30 s, as long as a writer retries) behind `t`, so
+//! no one write holds the feed back for longer than that.
 //!
 //! A reader stops below the `W` of every mark made in the last
 //! [`HOLD_MICROS`]: a write slower than the lag holds every reader back
@@ -24,7 +25,8 @@
 //! or dies holds readers back for at most `HOLD` after its last mark (a
 //! store dropped while its runtime goes on removes its mark). What is left
 //! uncovered: an entry that lands more than `CAP` after its stamp (the
-//! roll-forward of a writer that died, or of a write that gave up), or
+//! roll-forward of a writer that died or of a write that gave up, which
+//! comes at least 30 s after the write began), or
 //! after its node stopped marking for longer than `HOLD` (its marks could
 //! not be written either).
 //!
@@ -34,6 +36,7 @@
 //! a feed read reads the marks' partition (one row a node).
 
 use std::collections::BTreeSet;
+use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
@@ -46,9 +49,11 @@ use crate::{wall_micros, Clock, Inner};
 pub(crate) const MARK_EVERY: Duration = Duration::from_millis(200);
 /// How long a mark holds readers back after it was made.
 pub(crate) const HOLD_MICROS: i64 = 5_000_000;
-/// How far behind its time a mark's `W` may be.
-pub(crate) const CAP_MICROS: i64 = 10_000_000;
-/// How long one mark's write may take before it is given up.
+/// How far behind its time a mark's `W` may be: as long as a writer
+/// retries a write (`CassandraOptions::write_retry_window`'s default).
+pub(crate) const CAP_MICROS: i64 = 30_000_000;
+/// How long one mark's write (or a look for dead nodes' marks) may take
+/// before it is given up.
 const MARK_TIMEOUT: Duration = Duration::from_secs(1);
 /// Marks older than this are removed by the live nodes (their nodes died).
 const FORGET_MICROS: i64 = 60_000_000;
@@ -56,9 +61,9 @@ const FORGET_MICROS: i64 = 60_000_000;
 const FORGET_EVERY: u32 = 300;
 /// Locks the stamps in flight are spread over.
 const STRIPES: usize = 16;
-/// Most marks a reader looks at: nodes marking at once, and the dead ones
-/// of the last [`FORGET_MICROS`].
-const MOST_MARKS: usize = 1_000;
+/// Marks a reader reads at a time: nodes marking at once, and the dead
+/// ones of the last [`FORGET_MICROS`].
+const MARKS_READ: usize = 1_000;
 
 fn marks_table() -> Table {
     Table::named(crate::feed::META).expect("a valid table name")
@@ -76,8 +81,6 @@ pub(crate) struct Flights {
     next: AtomicUsize,
     /// Set by the first write with feed entries: marks start then.
     used: AtomicBool,
-    /// Wakes the marker for its first mark.
-    first: tokio::sync::Notify,
     /// This store's mark: its clustering key in the marks' partition.
     pub(crate) node: [u8; 16],
 }
@@ -126,28 +129,27 @@ impl Flights {
             unsure: Mutex::new(BTreeSet::new()),
             next: AtomicUsize::new(0),
             used: AtomicBool::new(false),
-            first: tokio::sync::Notify::new(),
             node,
         })
     }
 
-    /// Stamps a write and records it as in flight. The stamp is taken
-    /// under the stripe's lock, so a mark that reads the clock after it
-    /// finds it in its stripe.
-    pub(crate) fn begin<'a>(&'a self, clock: &Clock) -> Flight<'a> {
-        if !self.used.swap(true, Ordering::Relaxed) {
-            self.first.notify_one();
-        }
+    /// Stamps a write and records it as in flight; and whether it is the
+    /// store's first (its writer then writes the first mark before it
+    /// sends the batch). The stamp is taken under the stripe's lock, so a
+    /// mark that reads the clock after it finds it in its stripe.
+    pub(crate) fn begin<'a>(&'a self, clock: &Clock) -> (Flight<'a>, bool) {
+        let first = !self.used.swap(true, Ordering::Relaxed);
         let stripe = self.next.fetch_add(1, Ordering::Relaxed) % STRIPES;
         let mut set = self.stripes[stripe].lock().expect("flights");
         let stamp = clock.next();
         set.insert(stamp);
-        Flight {
+        let flight = Flight {
             flights: self,
             stripe,
             stamp,
             settled: false,
-        }
+        };
+        (flight, first)
     }
 
     /// `(W, t)` as of now: `t` a fresh stamp (every later write is stamped
@@ -187,19 +189,13 @@ fn decode(value: &[u8]) -> Option<(i64, i64)> {
     Some((w, t))
 }
 
-/// Publishes the store's mark every [`MARK_EVERY`] from its first feed
-/// write on, until it is dropped.
+/// Publishes the store's mark every [`MARK_EVERY`] once it has begun a
+/// feed write, until it is dropped.
 pub(crate) fn spawn_marker(inner: Weak<Inner>) {
     tokio::spawn(async move {
         let mut ticks = 0u32;
         loop {
-            match inner.upgrade().filter(|i| !i.flights.used()) {
-                // Nothing to mark yet: the first feed write wakes it.
-                Some(i) => {
-                    let _ = tokio::time::timeout(MARK_EVERY, i.flights.first.notified()).await;
-                }
-                None => tokio::time::sleep(MARK_EVERY).await,
-            }
+            tokio::time::sleep(MARK_EVERY).await;
             let Some(inner) = inner.upgrade() else { break };
             if !inner.flights.used() {
                 continue;
@@ -209,8 +205,13 @@ pub(crate) fn spawn_marker(inner: Weak<Inner>) {
                 tracing::debug!(error = %e, "cassandra store: a feed mark was not written");
             }
             if ticks.is_multiple_of(FORGET_EVERY) {
-                if let Err(e) = inner.forget_dead_marks().await {
-                    tracing::debug!(error = %e, "cassandra store: old feed marks stay");
+                // Bounded too: the next mark must not wait on it.
+                match tokio::time::timeout(MARK_TIMEOUT, inner.forget_dead_marks()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "cassandra store: old feed marks stay")
+                    }
+                    Err(_) => tracing::debug!("cassandra store: old feed marks stay (timed out)"),
                 }
             }
         }
@@ -220,7 +221,7 @@ pub(crate) fn spawn_marker(inner: Weak<Inner>) {
 impl Inner {
     /// One attempt, bounded by [`MARK_TIMEOUT`]: a mark that cannot be
     /// written now is replaced by the next, fresher one.
-    async fn publish_mark(&self) -> StoreResult<()> {
+    pub(crate) async fn publish_mark(&self) -> StoreResult<()> {
         let (w, t) = self.flights.mark(&self.clock);
         let value = [w.to_be_bytes(), t.to_be_bytes()].concat();
         let table = marks_table();
@@ -244,7 +245,7 @@ impl Inner {
 
     async fn forget_dead_marks(&self) -> StoreResult<()> {
         let rows = self
-            .scan(&Scan::partition(marks_table(), MARKS.to_vec(), MOST_MARKS))
+            .scan(&Scan::partition(marks_table(), MARKS.to_vec(), MARKS_READ))
             .await?;
         let before = wall_micros() - FORGET_MICROS;
         let gone: Vec<Op> = rows
@@ -262,16 +263,28 @@ impl Inner {
 
     /// `horizon`, lowered below the oldest stamp any node may still have
     /// in flight (its mark's `W`, for marks of the last [`HOLD_MICROS`]).
-    pub(crate) async fn held_horizon(&self, horizon: i64) -> StoreResult<i64> {
-        let rows = self
-            .scan(&Scan::partition(marks_table(), MARKS.to_vec(), MOST_MARKS))
-            .await?;
+    pub(crate) async fn held_horizon(&self, mut horizon: i64) -> StoreResult<i64> {
         let now = wall_micros();
-        Ok(rows
-            .iter()
-            .filter_map(|r| decode(&r.value))
-            .filter(|&(_, t)| now - t < HOLD_MICROS)
-            .fold(horizon, |h, (w, _)| h.min(w)))
+        let mut after = Bound::Unbounded;
+        loop {
+            let rows = self
+                .scan(
+                    &Scan::partition(marks_table(), MARKS.to_vec(), MARKS_READ)
+                        .bounds(after, Bound::Unbounded),
+                )
+                .await?;
+            horizon = rows
+                .iter()
+                .filter_map(|r| decode(&r.value))
+                .filter(|&(_, t)| now - t < HOLD_MICROS)
+                .fold(horizon, |h, (w, _)| h.min(w));
+            match rows.last() {
+                Some(last) if rows.len() == MARKS_READ => {
+                    after = Bound::Excluded(last.clustering.clone())
+                }
+                _ => return Ok(horizon),
+            }
+        }
     }
 
     /// Removes this store's mark as it goes away (when a runtime is there
