@@ -244,22 +244,12 @@ impl Engine {
     /// administrator with no properties): only such a store is an import's
     /// target, and an import removes that administrator first.
     pub async fn is_empty(&self) -> Result<bool> {
-        let mut cursor: Option<Vec<u8>> = None;
-        let mut limit = MIN_BATCH;
-        loop {
-            let (rows, next) = self.rows_after(cursor.as_deref(), &mut limit).await?;
-            for (key, row) in &rows {
-                if [USERS, GROUPS, ITEMS, INDEX_DEFS].contains(&key.table)
-                    && !is_made_admin(key, row)
-                {
-                    return Ok(false);
-                }
-            }
-            match next {
-                Some(n) => cursor = Some(n),
-                None => return Ok(true),
-            }
-        }
+        let held = self
+            .any_row(|key, row| {
+                [USERS, GROUPS, ITEMS, INDEX_DEFS].contains(&key.table) && !is_made_admin(key, row)
+            })
+            .await?;
+        Ok(!held)
     }
 
     /// Whether the store holds no row at all: no server started on it and
@@ -270,16 +260,22 @@ impl Engine {
     /// its feeds and marks) and still have more after it: the walk goes on
     /// until a row or the end.
     pub async fn holds_nothing(&self) -> Result<bool> {
+        Ok(!self.any_row(|_, _| true).await?)
+    }
+
+    /// Whether any of the store's rows is `hit`, walking them in batches
+    /// to the end or the first such row.
+    async fn any_row(&self, hit: impl Fn(&Key, &Row) -> bool) -> Result<bool> {
         let mut cursor: Option<Vec<u8>> = None;
         let mut limit = MIN_BATCH;
         loop {
             let (rows, next) = self.rows_after(cursor.as_deref(), &mut limit).await?;
-            if !rows.is_empty() {
-                return Ok(false);
+            if rows.iter().any(|(key, row)| hit(key, row)) {
+                return Ok(true);
             }
             match next {
                 Some(n) => cursor = Some(n),
-                None => return Ok(true),
+                None => return Ok(false),
             }
         }
     }
