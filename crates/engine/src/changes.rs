@@ -67,6 +67,13 @@ const QUEUE_BYTES: usize = 1 << 20;
 const CHECK_EVERY: Duration = Duration::from_secs(30);
 /// Stripes of the per-user stream counts.
 const STRIPES: usize = 64;
+/// On a store whose feed lags, how long a pull that reached the readable
+/// end waits, at most, for the feed to become readable through the moment
+/// it was asked: a write still landing holds the feed back longer (the
+/// rest comes on a later poll).
+const PULL_WAIT: Duration = Duration::from_secs(2);
+/// How often such a pull looks whether the feed has become readable.
+const PULL_LOOK: Duration = Duration::from_millis(50);
 
 /// One entry of the `changes` feed as stored.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -195,6 +202,8 @@ const CURSOR_VERSION: u8 = 2;
 struct Pulled {
     page: ChangePage,
     reached_end: bool,
+    /// On a store whose feed lags, the feed's end as the pull began.
+    asked: Option<Vec<u8>>,
 }
 
 fn encode_cursor(key: &[u8], store: &[u8]) -> String {
@@ -760,16 +769,31 @@ impl Engine {
             .await?;
         // On a store whose feed is readable only some time after a write
         // (Cassandra), a page that reached the readable end is read again
-        // once that time has passed: it then holds every change committed
-        // before it was asked, on any node, unless an older write still
-        // landing holds the feed back (the rest comes on a later poll). A
-        // full page (of changes further back) is answered at once.
-        let lag = self.store().feed_lag();
-        if lag.is_zero() || !page.reached_end {
+        // once the feed is readable through the moment it was asked: it
+        // then holds every change committed before, on any node, unless a
+        // write still landing holds the feed back for longer than
+        // [`PULL_WAIT`] (the rest comes on a later poll). A full page (of
+        // changes further back) is answered at once.
+        let Some(asked) = page.asked.filter(|_| page.reached_end) else {
             return Ok(page.page);
-        }
-        tokio::time::sleep(lag).await;
+        };
+        self.wait_readable(&asked).await?;
         Ok(self.pull_page(caller, key, since, kind, limit).await?.page)
+    }
+
+    /// Waits until the feed of changes is readable through `end`, at
+    /// most [`PULL_WAIT`].
+    async fn wait_readable(&self, end: &[u8]) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + PULL_WAIT;
+        loop {
+            let readable = self
+                .retrying(|| async { Ok(self.snapshot().await?.feed_readable(CHANGES).await?) })
+                .await?;
+            if readable.as_slice() >= end || tokio::time::Instant::now() >= deadline {
+                return Ok(());
+            }
+            tokio::time::sleep(PULL_LOOK).await;
+        }
     }
 
     /// One read of [`Engine::changes`] from `since`: at most `limit`
@@ -788,6 +812,11 @@ impl Engine {
                 .resolve(&mut snap, caller, &[trimmed_key()], &[])
                 .await?;
             check_not_trimmed(&own.rows[0], &since)?;
+            let asked = if self.store().feed_lag().is_zero() {
+                None
+            } else {
+                Some(snap.feed_end(CHANGES).await?)
+            };
             let mut changes = Vec::new();
             let mut cursor = since.clone();
             let mut looked = 0;
@@ -820,6 +849,7 @@ impl Engine {
                     resync,
                 },
                 reached_end,
+                asked,
             })
         })
         .await

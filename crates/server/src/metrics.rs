@@ -336,6 +336,12 @@ impl Snapshot for MeteredSnapshot {
         self.metrics.store_call(1, t, &r);
         r
     }
+    async fn feed_readable(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
+        let t = Instant::now();
+        let r = self.inner.feed_readable(feed).await;
+        self.metrics.store_call(1, t, &r);
+        r
+    }
 }
 
 /// One connection, counted open (`tarn_http_open_connections`) while

@@ -44,8 +44,11 @@ use crate::{rows_of, version_u64, wall_micros, Inner};
 pub(crate) const BUCKET_MICROS: i64 = 600_000_000;
 /// Shards of each bucket.
 pub(crate) const SHARDS: u8 = 16;
-/// How far behind now a reader stops.
-pub(crate) const LAG_MICROS: i64 = 1_000_000;
+/// How far behind now a reader stops at least. The marks (`marks.rs`)
+/// hold it further back while writes are landing, and by about
+/// `marks::MARK_EVERY` otherwise: a reader stops below every node's last
+/// mark.
+pub(crate) const LAG_MICROS: i64 = 250_000;
 /// Prefix of the tables that hold feeds (no table of the engine's has it).
 const FEED_PREFIX: &str = "zfeed_";
 /// Where each feed's trimmed-through bucket and the store's birth are kept.
@@ -159,6 +162,15 @@ impl Inner {
             bucket += 1;
         }
         Ok(out)
+    }
+
+    /// A cursor through which the feed is readable now: after every entry
+    /// stamped before the horizon [`Inner::read_feed`] reads up to.
+    pub(crate) async fn feed_readable(&self) -> StoreResult<Vec<u8>> {
+        let horizon = self.held_horizon(wall_micros() - LAG_MICROS).await?;
+        let mut c = ((horizon - 1) as u64).to_be_bytes().to_vec();
+        c.extend_from_slice(&[0xFF; 10]);
+        Ok(c)
     }
 
     /// A cursor after every entry written before now, not only those

@@ -466,18 +466,15 @@ impl CassandraStore {
         }
         // Feed entries are rows of their own, written with the batch; the
         // store's marks hold readers back until they land (`marks.rs`).
-        let (mut flight, first) = if batch.appends.is_empty() {
-            (None, false)
+        let mut flight = if batch.appends.is_empty() {
+            None
         } else {
-            let (f, first) = self.inner.flights.begin(&self.inner.clock);
-            (Some(f), first)
+            Some(self.inner.flights.begin(&self.inner.clock))
         };
         // The store's first mark, holding this write, before the write:
         // after it, one every `MARK_EVERY`.
-        if first {
-            if let Err(e) = self.inner.publish_mark().await {
-                tracing::debug!(error = %e, "cassandra store: the first feed mark was not written");
-            }
+        if flight.is_some() {
+            self.inner.first_mark().await;
         }
         let appends = match flight.as_mut().map(|f| (f.stamp, f)) {
             Some((stamp, f)) => match feed::append_ops(&batch, stamp) {
@@ -560,8 +557,9 @@ impl Store for CassandraStore {
         Consistency::PerRead
     }
 
+    /// The lag, and the time between two marks (`marks.rs`).
     fn feed_lag(&self) -> Duration {
-        Duration::from_micros(feed::LAG_MICROS as u64)
+        Duration::from_micros(feed::LAG_MICROS as u64) + marks::MARK_EVERY
     }
     fn connections(&self) -> Option<usize> {
         None

@@ -21,7 +21,9 @@
 //!
 //! A reader stops below the `W` of every mark made in the last
 //! [`HOLD_MICROS`]: a write slower than the lag holds every reader back
-//! until it lands, so it is read late, not passed over. A node that stops
+//! until it lands, so it is read late, not passed over. As `W` is at most
+//! `t`, the feed is readable about `MARK_EVERY` behind now while nothing
+//! is landing late (the lag, 250 ms, is the least). A node that stops
 //! or dies holds readers back for at most `HOLD` after its last mark (a
 //! store dropped while its runtime goes on removes its mark). What is left
 //! uncovered: an entry that lands more than `CAP` after its stamp (the
@@ -37,7 +39,7 @@
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
@@ -46,7 +48,7 @@ use tarn_store::{Key, Op, Scan, StoreError, StoreResult, Table};
 use crate::{wall_micros, Clock, Inner};
 
 /// How often a node that writes feed entries publishes its mark.
-pub(crate) const MARK_EVERY: Duration = Duration::from_millis(200);
+pub(crate) const MARK_EVERY: Duration = Duration::from_millis(100);
 /// How long a mark holds readers back after it was made.
 pub(crate) const HOLD_MICROS: i64 = 5_000_000;
 /// How far behind its time a mark's `W` may be: as long as a writer
@@ -79,8 +81,9 @@ pub(crate) struct Flights {
     /// are [`CAP_MICROS`] old.
     unsure: Mutex<BTreeSet<i64>>,
     next: AtomicUsize,
-    /// Set by the first write with feed entries: marks start then.
-    used: AtomicBool,
+    /// The store's first mark, written before its first feed write is
+    /// sent (the writes that come meanwhile wait for it): marks start then.
+    first_mark: tokio::sync::OnceCell<()>,
     /// This store's mark: its clustering key in the marks' partition.
     pub(crate) node: [u8; 16],
 }
@@ -128,28 +131,25 @@ impl Flights {
             stripes: std::array::from_fn(|_| Mutex::new(BTreeSet::new())),
             unsure: Mutex::new(BTreeSet::new()),
             next: AtomicUsize::new(0),
-            used: AtomicBool::new(false),
+            first_mark: tokio::sync::OnceCell::new(),
             node,
         })
     }
 
-    /// Stamps a write and records it as in flight; and whether it is the
-    /// store's first (its writer then writes the first mark before it
-    /// sends the batch). The stamp is taken under the stripe's lock, so a
-    /// mark that reads the clock after it finds it in its stripe.
-    pub(crate) fn begin<'a>(&'a self, clock: &Clock) -> (Flight<'a>, bool) {
-        let first = !self.used.swap(true, Ordering::Relaxed);
+    /// Stamps a write and records it as in flight. The stamp is taken
+    /// under the stripe's lock, so a mark that reads the clock after it
+    /// finds it in its stripe.
+    pub(crate) fn begin<'a>(&'a self, clock: &Clock) -> Flight<'a> {
         let stripe = self.next.fetch_add(1, Ordering::Relaxed) % STRIPES;
         let mut set = self.stripes[stripe].lock().expect("flights");
         let stamp = clock.next();
         set.insert(stamp);
-        let flight = Flight {
+        Flight {
             flights: self,
             stripe,
             stamp,
             settled: false,
-        };
-        (flight, first)
+        }
     }
 
     /// `(W, t)` as of now: `t` a fresh stamp (every later write is stamped
@@ -173,8 +173,9 @@ impl Flights {
         (oldest.map_or(t, |o| o.min(t)).max(floor), t)
     }
 
+    /// Whether the store has begun marking.
     pub(crate) fn used(&self) -> bool {
-        self.used.load(Ordering::Relaxed)
+        self.first_mark.initialized()
     }
 }
 
@@ -219,6 +220,21 @@ pub(crate) fn spawn_marker(inner: Weak<Inner>) {
 }
 
 impl Inner {
+    /// Before a feed write is sent: the store's first mark, once (one
+    /// attempt; a write goes on if it failed, as the marker's next one may
+    /// not). A write begun meanwhile waits for it, so that no entry of
+    /// this store lands before its marks hold readers.
+    pub(crate) async fn first_mark(&self) {
+        self.flights
+            .first_mark
+            .get_or_init(|| async {
+                if let Err(e) = self.publish_mark().await {
+                    tracing::debug!(error = %e, "cassandra store: the first feed mark was not written");
+                }
+            })
+            .await;
+    }
+
     /// One attempt, bounded by [`MARK_TIMEOUT`]: a mark that cannot be
     /// written now is replaced by the next, fresher one.
     pub(crate) async fn publish_mark(&self) -> StoreResult<()> {

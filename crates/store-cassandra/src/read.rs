@@ -140,6 +140,10 @@ impl Snapshot for CassandraSnapshot {
         Ok(self.inner.feed_end())
     }
 
+    async fn feed_readable(&mut self, _feed: tarn_store::Table) -> StoreResult<Vec<u8>> {
+        self.inner.feed_readable().await
+    }
+
     async fn scan_all(
         &mut self,
         cursor: Option<&[u8]>,

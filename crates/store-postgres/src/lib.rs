@@ -699,6 +699,12 @@ impl Snapshot for PgSnapshot {
         // one has this id or a larger one, with a sequence number above 0.
         Ok(cursor_bytes(row.get(0), 0))
     }
+
+    /// The end is the horizon below which every entry is committed or
+    /// never will be: readable through it.
+    async fn feed_readable(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
+        self.feed_end(feed).await
+    }
 }
 
 /// The feed's horizon in this snapshot, as an int8 transaction id: the

@@ -988,6 +988,11 @@ impl Snapshot for SqliteSnapshot {
             .map_err(map_err)?;
         Ok((last.unwrap_or(0) as u64).to_be_bytes().to_vec())
     }
+
+    /// The feed does not lag: readable through its end.
+    async fn feed_readable(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
+        self.feed_end(feed).await
+    }
 }
 
 /// The writer's numbering of feed entries: the last sequence number given

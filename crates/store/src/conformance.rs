@@ -635,11 +635,22 @@ async fn append(s: &dyn Store, feed: Table, value: &[u8]) {
     s.write(b).await.expect("append");
 }
 
-/// Waits out the backend's feed lag.
-async fn settle(s: &dyn Store) {
-    let lag = s.feed_lag();
-    if !lag.is_zero() {
-        tokio::time::sleep(lag + std::time::Duration::from_millis(300)).await;
+/// Waits until `feed` is readable through its end as of now (at once on
+/// a backend whose feed does not lag), at most half a minute.
+async fn settle(s: &dyn Store, feed: Table) {
+    let mut snap = s.snapshot().await.expect("snapshot");
+    let end = snap.feed_end(feed).await.expect("feed_end");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut snap = s.snapshot().await.expect("snapshot");
+        if snap.feed_readable(feed).await.expect("feed_readable") >= end {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the feed is not readable through its end after 30 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
@@ -667,7 +678,8 @@ pub async fn feed_in_order_from_any_cursor(s: Arc<dyn Store>) {
             append(&*s, F2, &[100 + i]).await;
         }
     }
-    settle(&*s).await;
+    settle(&*s, F1).await;
+    settle(&*s, F2).await;
     let all = read_feed(&*s, F1, Some(&start), 100).await;
     assert_eq!(
         all.iter().map(|e| e.value[0]).collect::<Vec<_>>(),
@@ -696,7 +708,7 @@ pub async fn feed_in_order_from_any_cursor(s: Arc<dyn Store>) {
     assert!(snap.read_feed(F1, Some(&end), 10).await.unwrap().is_empty());
     drop(snap);
     append(&*s, F1, &[99]).await;
-    settle(&*s).await;
+    settle(&*s, F1).await;
     let after_end = read_feed(&*s, F1, Some(&end), 10).await;
     assert_eq!(after_end.len(), 1);
     assert_eq!(after_end[0].value, vec![99]);
@@ -726,7 +738,7 @@ pub async fn feed_appends_are_atomic(s: Arc<dyn Store>) {
         .append(F1, b"two".to_vec())
         .guard(key(T1, b"fa", b"k"), Expect::Absent);
     s.write(b).await.unwrap();
-    settle(&*s).await;
+    settle(&*s, F1).await;
     let got = read_feed(&*s, F1, Some(&start), 10).await;
     assert_eq!(
         got.iter().map(|e| e.value.clone()).collect::<Vec<_>>(),
@@ -788,7 +800,7 @@ pub async fn feed_pollers_never_miss_concurrent_appends(s: Arc<dyn Store>) {
     for w in writers {
         w.await.unwrap();
     }
-    settle(&*s).await;
+    settle(&*s, F2).await;
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     let mut seen = poller.await.unwrap();
     let n = seen.len();
@@ -805,7 +817,7 @@ pub async fn feed_trims_the_oldest(s: Arc<dyn Store>) {
     for i in 0..10u8 {
         append(&*s, f, &[i]).await;
     }
-    settle(&*s).await;
+    settle(&*s, f).await;
     let all = read_feed(&*s, f, None, 100).await;
     assert_eq!(all.len(), 10);
     assert_eq!(s.trim_feed(f, &all[5].cursor, 4).await.unwrap(), 4);
@@ -827,7 +839,7 @@ pub async fn feed_trims_the_oldest(s: Arc<dyn Store>) {
         "the end went back to before the trimmed"
     );
     append(&*s, f, &[10]).await;
-    settle(&*s).await;
+    settle(&*s, f).await;
     let after = read_feed(&*s, f, Some(&end), 100).await;
     assert_eq!(
         after.iter().map(|e| e.value[0]).collect::<Vec<_>>(),

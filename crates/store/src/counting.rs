@@ -130,6 +130,11 @@ impl Snapshot for CountingSnapshot {
         self.counters.calls.fetch_add(1, Ordering::Relaxed);
         self.inner.feed_end(feed).await
     }
+
+    async fn feed_readable(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
+        self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.feed_readable(feed).await
+    }
 }
 
 #[async_trait::async_trait]

@@ -563,6 +563,15 @@ pub trait Snapshot: Send {
     /// and every later one after it. Never before an entry trimmed away
     /// ([`Store::trim_feed`]), also when trimming left the feed empty.
     async fn feed_end(&mut self, feed: Table) -> StoreResult<Vec<u8>>;
+
+    /// A cursor through which `feed` is readable now: every entry at or
+    /// before it that [`Snapshot::read_feed`] will ever return, it returns
+    /// now. At [`Snapshot::feed_end`] or after it on a backend whose feed
+    /// does not lag ([`Store::feed_lag`] zero); on one that lags, a caller
+    /// that took the end waits until this reaches it to read every entry
+    /// written before. No default: a wrapper that forgot to forward it
+    /// would make a lagging feed look caught up.
+    async fn feed_readable(&mut self, feed: Table) -> StoreResult<Vec<u8>>;
 }
 
 /// One entry of a feed.

@@ -213,6 +213,11 @@ impl Snapshot for MemorySnapshot {
             .max(s.trimmed.get(&feed).copied().unwrap_or(0));
         Ok(last.to_be_bytes().to_vec())
     }
+
+    /// The feed does not lag: readable through its end.
+    async fn feed_readable(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
+        self.feed_end(feed).await
+    }
 }
 
 fn cursor_seq(c: &[u8]) -> StoreResult<u64> {

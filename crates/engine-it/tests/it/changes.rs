@@ -925,15 +925,27 @@ async fn changes_on_cassandra_across_two_stores() {
     assert_eq!(ids, made);
 }
 
-/// A store whose feed shows an entry only a second after its write (as
-/// Cassandra's), on tokio's clock, over the in-memory store.
+/// A store whose feed shows an entry only `shows_after` its write (as
+/// Cassandra's does, a lag after it or later while a write lands late),
+/// on tokio's clock, over the in-memory store; it says its lag is [`LAG`].
 struct Lagging {
     inner: tarn_store::memory::MemoryStore,
+    shows_after: Duration,
     /// When each write landed, and the feed's end after it.
     writes: std::sync::Mutex<Vec<(tokio::time::Instant, Vec<u8>)>>,
 }
 
 const LAG: Duration = Duration::from_secs(1);
+
+impl Lagging {
+    fn new(shows_after: Duration) -> Lagging {
+        Lagging {
+            inner: tarn_store::memory::MemoryStore::new(),
+            shows_after,
+            writes: Default::default(),
+        }
+    }
+}
 
 fn feed() -> tarn_store::Table {
     tarn_store::Table::named("changes").unwrap()
@@ -949,7 +961,7 @@ impl tarn_store::Store for Lagging {
             .unwrap()
             .iter()
             .rev()
-            .find(|(at, _)| now.duration_since(*at) >= LAG)
+            .find(|(at, _)| now.duration_since(*at) >= self.shows_after)
             .map(|(_, end)| end.clone());
         Ok(Box::new(LaggingSnapshot {
             inner: self.inner.snapshot().await?,
@@ -1029,6 +1041,14 @@ impl tarn_store::Snapshot for LaggingSnapshot {
     async fn feed_end(&mut self, feed: tarn_store::Table) -> tarn_store::StoreResult<Vec<u8>> {
         self.inner.feed_end(feed).await
     }
+
+    async fn feed_readable(
+        &mut self,
+        _feed: tarn_store::Table,
+    ) -> tarn_store::StoreResult<Vec<u8>> {
+        // Cursors are never empty: an empty one is before every entry.
+        Ok(self.shown.clone().unwrap_or_default())
+    }
 }
 
 /// On a store whose feed lags, a pull waits out the lag only when it
@@ -1039,10 +1059,7 @@ impl tarn_store::Snapshot for LaggingSnapshot {
 /// here is tokio's paused clock.
 #[tokio::test]
 async fn full_pages_do_not_wait_for_a_lagging_feed() {
-    let store = Arc::new(Lagging {
-        inner: tarn_store::memory::MemoryStore::new(),
-        writes: Default::default(),
-    });
+    let store = Arc::new(Lagging::new(LAG));
     let e = common::engine(store);
     let ann = sign_up(&e, "ann").await;
     let mut cursor = e.changes(&ann, None, None, 1).await.unwrap().next;
@@ -1082,6 +1099,49 @@ async fn full_pages_do_not_wait_for_a_lagging_feed() {
         cursor = got.next;
     }
     assert_eq!(seen, made);
+}
+
+/// On a store whose feed lags, a pull that reaches the readable end waits
+/// until the feed is readable through the moment it was asked, and no
+/// longer: less than the lag when the feed is readable sooner (a pull
+/// waited out the whole lag, a second on Cassandra), and two seconds at
+/// most while a write landing late holds the feed back; the change then
+/// comes on the next poll, not skipped. Time is tokio's paused clock.
+#[tokio::test]
+async fn a_pull_waits_until_the_feed_is_readable_and_no_longer() {
+    let ms = Duration::from_millis;
+    for (shows_after, least, most, got) in [
+        (ms(300), ms(300), ms(400), 1),
+        (Duration::from_secs(10), ms(2000), ms(2100), 0),
+    ] {
+        let e = common::engine(Arc::new(Lagging::new(shows_after)));
+        let ann = sign_up(&e, "ann").await;
+        let cursor = e.changes(&ann, None, None, 1).await.unwrap().next;
+        tokio::time::pause();
+        let id = e
+            .create_item(&ann, "doc", props(json!({})), vec![])
+            .await
+            .unwrap()
+            .item
+            .id;
+        let start = tokio::time::Instant::now();
+        let page = e.changes(&ann, Some(&cursor), None, 10).await.unwrap();
+        let waited = start.elapsed();
+        assert!(
+            least <= waited && waited <= most,
+            "shown after {shows_after:?}: waited {waited:?}"
+        );
+        assert_eq!(page.changes.len(), got, "shown after {shows_after:?}");
+        let page = if got == 0 {
+            tokio::time::advance(shows_after).await;
+            e.changes(&ann, Some(&page.next), None, 10).await.unwrap()
+        } else {
+            page
+        };
+        let ids: Vec<String> = page.changes.into_iter().map(|c| c.id).collect();
+        assert_eq!(ids, [id]);
+        tokio::time::resume();
+    }
 }
 
 /// A stream catching up from the store on changes that pass its queue's

@@ -121,6 +121,13 @@ impl Snapshot for FailingSnapshot {
         }
         self.inner.feed_end(feed).await
     }
+
+    async fn feed_readable(&mut self, feed: Table) -> StoreResult<Vec<u8>> {
+        if self.mode.load(Ordering::Relaxed) == READS_FAIL {
+            return Err(failure(&self.turn));
+        }
+        self.inner.feed_readable(feed).await
+    }
 }
 
 #[async_trait::async_trait]
