@@ -70,9 +70,10 @@ const STRIPES: usize = 64;
 /// On a store whose feed lags, how long a pull that reached the readable
 /// end waits, at most, for the feed to become readable through the moment
 /// it was asked: a write still landing holds the feed back longer (the
-/// rest comes on a later poll).
-const PULL_WAIT: Duration = Duration::from_secs(2);
-/// How often such a pull looks whether the feed has become readable.
+/// rest comes on a later poll). As long as Cassandra's fixed lag was.
+const PULL_WAIT: Duration = Duration::from_secs(1);
+/// How often such a pull looks whether the feed has become readable,
+/// once the store's lag has passed.
 const PULL_LOOK: Duration = Duration::from_millis(50);
 
 /// One entry of the `changes` feed as stored.
@@ -777,22 +778,30 @@ impl Engine {
         let Some(asked) = page.asked.filter(|_| page.reached_end) else {
             return Ok(page.page);
         };
-        self.wait_readable(&asked).await?;
+        let wait = self.wait_readable(&asked);
+        if tokio::time::timeout(PULL_WAIT, wait).await.is_err() {
+            tracing::debug!("a pull answers what the feed shows: it is held back");
+        }
         Ok(self.pull_page(caller, key, since, kind, limit).await?.page)
     }
 
-    /// Waits until the feed of changes is readable through `end`, at
-    /// most [`PULL_WAIT`].
-    async fn wait_readable(&self, end: &[u8]) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + PULL_WAIT;
+    /// Waits until the feed of changes is readable through `end`: the
+    /// store's lag, then a look every [`PULL_LOOK`]. A look that fails
+    /// ends the wait (the pull after it answers the store's failure).
+    async fn wait_readable(&self, end: &[u8]) {
+        tokio::time::sleep(self.store().feed_lag()).await;
         loop {
-            let readable = self
-                .retrying(|| async { Ok(self.snapshot().await?.feed_readable(CHANGES).await?) })
-                .await?;
-            if readable.as_slice() >= end || tokio::time::Instant::now() >= deadline {
-                return Ok(());
+            let look = async {
+                Ok::<_, EngineError>(self.snapshot().await?.feed_readable(CHANGES).await?)
+            };
+            match look.await {
+                Ok(readable) if readable.as_slice() >= end => return,
+                Ok(_) => tokio::time::sleep(PULL_LOOK).await,
+                Err(e) => {
+                    tracing::debug!(error = %e, "a pull stops waiting for the feed");
+                    return;
+                }
             }
-            tokio::time::sleep(PULL_LOOK).await;
         }
     }
 

@@ -180,7 +180,7 @@ impl Inner {
     /// passed over by a reader starting here; so is one stamped by a
     /// node whose clock runs behind by more than the time between.)
     pub(crate) fn feed_end(&self) -> Vec<u8> {
-        let mut c = ((wall_micros() - 1) as u64).to_be_bytes().to_vec();
+        let mut c = (self.clock.high() as u64).to_be_bytes().to_vec();
         c.extend_from_slice(&[0xFF; 10]);
         c
     }

@@ -150,7 +150,7 @@
 //!   tombstone in its partition's intent range, which no read's slice
 //!   touches.
 //! - Feed marks: a process that writes feed entries writes one row every
-//!   200 ms; a feed read also reads the marks' partition (a row a process).
+//!   100 ms; a feed read also reads the marks' partition (a row a process).
 //! - The sweeper: one query of the intent index per
 //!   [`CassandraOptions::sweep_interval`] and store, answered by every
 //!   node; it also passes over index entries of removed intents that
@@ -288,6 +288,12 @@ fn wall_micros() -> i64 {
 }
 
 impl Clock {
+    /// The latest stamp given, or now if later: every later stamp is
+    /// after it.
+    fn high(&self) -> i64 {
+        (wall_micros() - 1).max(self.last.load(Ordering::SeqCst))
+    }
+
     fn next(&self) -> i64 {
         let now = wall_micros();
         let prev = self
@@ -469,13 +475,11 @@ impl CassandraStore {
         let mut flight = if batch.appends.is_empty() {
             None
         } else {
+            // The store's first mark, before its first stamp: after it,
+            // one every `MARK_EVERY`.
+            self.inner.first_mark().await?;
             Some(self.inner.flights.begin(&self.inner.clock))
         };
-        // The store's first mark, holding this write, before the write:
-        // after it, one every `MARK_EVERY`.
-        if flight.is_some() {
-            self.inner.first_mark().await;
-        }
         let appends = match flight.as_mut().map(|f| (f.stamp, f)) {
             Some((stamp, f)) => match feed::append_ops(&batch, stamp) {
                 Ok(a) => a,
@@ -557,9 +561,9 @@ impl Store for CassandraStore {
         Consistency::PerRead
     }
 
-    /// The lag, and the time between two marks (`marks.rs`).
+    /// The lag; marks hold the feed back further (`marks.rs`).
     fn feed_lag(&self) -> Duration {
-        Duration::from_micros(feed::LAG_MICROS as u64) + marks::MARK_EVERY
+        Duration::from_micros(feed::LAG_MICROS as u64)
     }
     fn connections(&self) -> Option<usize> {
         None

@@ -8,7 +8,8 @@
 //! passed over by a reader already past its stamp.
 //!
 //! So each node keeps the stamps of its writes still in flight and
-//! publishes its *mark* before its first feed write is sent, then every
+//! publishes its *mark* before its first feed write is stamped (a write
+//! is refused while that mark cannot be written), then every
 //! [`MARK_EVERY`]: one
 //! row of its own holding `W` — its oldest stamp in flight, or the time of
 //! the mark when none is — and that time `t`. Every entry the node stamped
@@ -23,7 +24,11 @@
 //! [`HOLD_MICROS`]: a write slower than the lag holds every reader back
 //! until it lands, so it is read late, not passed over. As `W` is at most
 //! `t`, the feed is readable about `MARK_EVERY` behind now while nothing
-//! is landing late (the lag, 250 ms, is the least). A node that stops
+//! is landing late (the lag is the least). Clocks: a marking node's
+//! stamps are never below its marks, however its clock runs; but a node
+//! whose clock runs behind the readers' by more than the lag when it
+//! writes its first mark (it starts, or restarts) can stamp entries
+//! below where readers already are. A node that stops
 //! or dies holds readers back for at most `HOLD` after its last mark (a
 //! store dropped while its runtime goes on removes its mark). What is left
 //! uncovered: an entry that lands more than `CAP` after its stamp (the
@@ -60,7 +65,7 @@ const MARK_TIMEOUT: Duration = Duration::from_secs(1);
 /// Marks older than this are removed by the live nodes (their nodes died).
 const FORGET_MICROS: i64 = 60_000_000;
 /// The marker looks for such marks every this many marks (about a minute).
-const FORGET_EVERY: u32 = 300;
+const FORGET_EVERY: u32 = 600;
 /// Locks the stamps in flight are spread over.
 const STRIPES: usize = 16;
 /// Marks a reader reads at a time: nodes marking at once, and the dead
@@ -82,7 +87,8 @@ pub(crate) struct Flights {
     unsure: Mutex<BTreeSet<i64>>,
     next: AtomicUsize,
     /// The store's first mark, written before its first feed write is
-    /// sent (the writes that come meanwhile wait for it): marks start then.
+    /// stamped (the writes that come meanwhile wait for it): marks start
+    /// then.
     first_mark: tokio::sync::OnceCell<()>,
     /// This store's mark: its clustering key in the marks' partition.
     pub(crate) node: [u8; 16],
@@ -220,19 +226,16 @@ pub(crate) fn spawn_marker(inner: Weak<Inner>) {
 }
 
 impl Inner {
-    /// Before a feed write is sent: the store's first mark, once (one
-    /// attempt; a write goes on if it failed, as the marker's next one may
-    /// not). A write begun meanwhile waits for it, so that no entry of
-    /// this store lands before its marks hold readers.
-    pub(crate) async fn first_mark(&self) {
+    /// Before a feed write is stamped: the store's first mark, once.
+    /// Writes that come meanwhile wait for it, and while it cannot be
+    /// written they are refused (`Unavailable`, nothing sent), so that no
+    /// stamp of this store exists before its marks hold readers below it.
+    pub(crate) async fn first_mark(&self) -> StoreResult<()> {
         self.flights
             .first_mark
-            .get_or_init(|| async {
-                if let Err(e) = self.publish_mark().await {
-                    tracing::debug!(error = %e, "cassandra store: the first feed mark was not written");
-                }
-            })
-            .await;
+            .get_or_try_init(|| self.publish_mark())
+            .await
+            .map(|_| ())
     }
 
     /// One attempt, bounded by [`MARK_TIMEOUT`]: a mark that cannot be

@@ -706,12 +706,17 @@ pub async fn feed_in_order_from_any_cursor(s: Arc<dyn Store>) {
     let end = snap.feed_end(F1).await.unwrap();
     assert!(end >= all[29].cursor);
     assert!(snap.read_feed(F1, Some(&end), 10).await.unwrap().is_empty());
+    // Settled, the feed is readable through every entry; a later entry
+    // comes after what was readable.
+    let readable = snap.feed_readable(F1).await.unwrap();
+    assert!(readable >= all[29].cursor);
     drop(snap);
     append(&*s, F1, &[99]).await;
     settle(&*s, F1).await;
     let after_end = read_feed(&*s, F1, Some(&end), 10).await;
     assert_eq!(after_end.len(), 1);
     assert_eq!(after_end[0].value, vec![99]);
+    assert!(after_end[0].cursor > readable);
 }
 
 /// A batch's entries land with its rows, in batch order, or not at all.

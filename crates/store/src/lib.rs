@@ -480,11 +480,12 @@ pub trait Store: Send + Sync + 'static {
     /// What this backend's snapshots guarantee.
     fn consistency(&self) -> Consistency;
 
-    /// How long after its write an entry may take to become readable by
-    /// [`Snapshot::read_feed`] (zero: at once), while nothing holds the
-    /// feed back: a backend may hold back the entries after an older
-    /// write still landing, so that it is not passed over (Cassandra does,
-    /// for a bounded time). No default: a wrapper that
+    /// The least time after its write an entry takes to become readable
+    /// by [`Snapshot::read_feed`] (zero: at once). It may take longer: a
+    /// backend may hold back the entries after an older write still
+    /// landing, so that it is not passed over (Cassandra does, for a
+    /// bounded time); [`Snapshot::feed_readable`] says how far the feed is
+    /// readable now. No default: a wrapper that
     /// forgot to forward it would make a lagging feed look immediate.
     fn feed_lag(&self) -> std::time::Duration;
 
@@ -566,11 +567,12 @@ pub trait Snapshot: Send {
 
     /// A cursor through which `feed` is readable now: every entry at or
     /// before it that [`Snapshot::read_feed`] will ever return, it returns
-    /// now. At [`Snapshot::feed_end`] or after it on a backend whose feed
-    /// does not lag ([`Store::feed_lag`] zero); on one that lags, a caller
-    /// that took the end waits until this reaches it to read every entry
-    /// written before. No default: a wrapper that forgot to forward it
-    /// would make a lagging feed look caught up.
+    /// now, and later entries come after it. At [`Snapshot::feed_end`] on a
+    /// backend whose feed does not lag ([`Store::feed_lag`] zero); on one
+    /// that lags, a caller that took the end waits until this reaches it
+    /// to read every entry written before. (On Cassandra, as far as its
+    /// clocks allow: see its crate's documentation.) No default: a wrapper
+    /// that forgot to forward it would make a lagging feed look caught up.
     async fn feed_readable(&mut self, feed: Table) -> StoreResult<Vec<u8>>;
 }
 

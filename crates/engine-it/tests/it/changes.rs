@@ -892,7 +892,7 @@ async fn changes_on_cassandra_across_two_stores() {
     let ann = sign_up(&a, "ann").await;
     let bob = sign_up(&a, "bob").await;
     // The end handed out after a write comes after it, though the feed
-    // shows it only a second later.
+    // shows it only a moment later.
     a.create_item(
         &ann,
         "doc",
@@ -913,23 +913,24 @@ async fn changes_on_cassandra_across_two_stores() {
                 .id,
         );
     }
+    // A pull asked just after them, on the other store, holds them all,
+    // once each, in order: it waits until the feed shows them.
+    let page = b.changes(&bob, Some(&start), None, 50).await.unwrap();
+    let ids: Vec<String> = page.changes.iter().map(|c| c.id.clone()).collect();
+    assert_eq!(ids, made);
     let mut got = Vec::new();
     for _ in 0..5 {
         got.push(put_of(next(&mut sub, "from the other store").await));
     }
     assert_eq!(got, made);
-    // A pull from before them sees them too, once each, in order.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let page = b.changes(&bob, Some(&start), None, 50).await.unwrap();
-    let ids: Vec<String> = page.changes.iter().map(|c| c.id.clone()).collect();
-    assert_eq!(ids, made);
 }
 
 /// A store whose feed shows an entry only `shows_after` its write (as
-/// Cassandra's does, a lag after it or later while a write lands late),
-/// on tokio's clock, over the in-memory store; it says its lag is [`LAG`].
+/// Cassandra's does, its lag after it or later while a write lands late),
+/// on tokio's clock, over the in-memory store; it says its lag is `lag`.
 struct Lagging {
     inner: tarn_store::memory::MemoryStore,
+    lag: Duration,
     shows_after: Duration,
     /// When each write landed, and the feed's end after it.
     writes: std::sync::Mutex<Vec<(tokio::time::Instant, Vec<u8>)>>,
@@ -938,9 +939,10 @@ struct Lagging {
 const LAG: Duration = Duration::from_secs(1);
 
 impl Lagging {
-    fn new(shows_after: Duration) -> Lagging {
+    fn new(lag: Duration, shows_after: Duration) -> Lagging {
         Lagging {
             inner: tarn_store::memory::MemoryStore::new(),
+            lag,
             shows_after,
             writes: Default::default(),
         }
@@ -984,7 +986,7 @@ impl tarn_store::Store for Lagging {
     }
 
     fn feed_lag(&self) -> Duration {
-        LAG
+        self.lag
     }
     fn connections(&self) -> Option<usize> {
         self.inner.connections()
@@ -1059,7 +1061,7 @@ impl tarn_store::Snapshot for LaggingSnapshot {
 /// here is tokio's paused clock.
 #[tokio::test]
 async fn full_pages_do_not_wait_for_a_lagging_feed() {
-    let store = Arc::new(Lagging::new(LAG));
+    let store = Arc::new(Lagging::new(LAG, LAG));
     let e = common::engine(store);
     let ann = sign_up(&e, "ann").await;
     let mut cursor = e.changes(&ann, None, None, 1).await.unwrap().next;
@@ -1103,18 +1105,19 @@ async fn full_pages_do_not_wait_for_a_lagging_feed() {
 
 /// On a store whose feed lags, a pull that reaches the readable end waits
 /// until the feed is readable through the moment it was asked, and no
-/// longer: less than the lag when the feed is readable sooner (a pull
-/// waited out the whole lag, a second on Cassandra), and two seconds at
-/// most while a write landing late holds the feed back; the change then
-/// comes on the next poll, not skipped. Time is tokio's paused clock.
+/// longer: the store's lag and the look after the feed showed the change
+/// (a pull waited out a fixed lag, a second on Cassandra, whatever the
+/// feed), and a second at most while a write landing late holds the feed
+/// back; the change then comes on the next poll, not skipped. Time is
+/// tokio's paused clock.
 #[tokio::test]
 async fn a_pull_waits_until_the_feed_is_readable_and_no_longer() {
     let ms = Duration::from_millis;
     for (shows_after, least, most, got) in [
-        (ms(300), ms(300), ms(400), 1),
-        (Duration::from_secs(10), ms(2000), ms(2100), 0),
+        (ms(300), ms(300), ms(350), 1),
+        (Duration::from_secs(10), ms(1000), ms(1050), 0),
     ] {
-        let e = common::engine(Arc::new(Lagging::new(shows_after)));
+        let e = common::engine(Arc::new(Lagging::new(ms(250), shows_after)));
         let ann = sign_up(&e, "ann").await;
         let cursor = e.changes(&ann, None, None, 1).await.unwrap().next;
         tokio::time::pause();
