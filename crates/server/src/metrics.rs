@@ -293,6 +293,9 @@ impl Store for MeteredStore {
     fn connections(&self) -> Option<usize> {
         self.inner.connections()
     }
+    async fn stop(&self) {
+        self.inner.stop().await
+    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         self.inner.counters()
     }

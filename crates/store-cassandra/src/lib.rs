@@ -561,6 +561,11 @@ impl Store for CassandraStore {
         Consistency::PerRead
     }
 
+    /// Its feed mark ends and is removed (`marks.rs`).
+    async fn stop(&self) {
+        self.inner.stop_marking().await
+    }
+
     /// The lag; marks hold the feed back further (`marks.rs`).
     fn feed_lag(&self) -> Duration {
         Duration::from_micros(feed::LAG_MICROS as u64)

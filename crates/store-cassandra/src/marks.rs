@@ -28,9 +28,11 @@
 //! stamps are never below its marks, however its clock runs; but a node
 //! whose clock runs behind the readers' by more than the lag when it
 //! writes its first mark (it starts, or restarts) can stamp entries
-//! below where readers already are. A node that stops
-//! or dies holds readers back for at most `HOLD` after its last mark (a
-//! store dropped while its runtime goes on removes its mark). What is left
+//! below where readers already are. A node that dies holds readers back
+//! for at most `HOLD` after its last mark; a store that stops
+//! ([`Store::stop`](tarn_store::Store::stop)), or is dropped while its
+//! runtime goes on, removes its mark unless a write of its may still land.
+//! What is left
 //! uncovered: an entry that lands more than `CAP` after its stamp (the
 //! roll-forward of a writer that died or of a write that gave up, which
 //! comes at least 30 s after the write began), or
@@ -44,7 +46,7 @@
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
@@ -90,6 +92,8 @@ pub(crate) struct Flights {
     /// stamped (the writes that come meanwhile wait for it): marks start
     /// then.
     first_mark: tokio::sync::OnceCell<()>,
+    /// Set as the node stops: marks end.
+    stopped: AtomicBool,
     /// This store's mark: its clustering key in the marks' partition.
     pub(crate) node: [u8; 16],
 }
@@ -138,6 +142,7 @@ impl Flights {
             unsure: Mutex::new(BTreeSet::new()),
             next: AtomicUsize::new(0),
             first_mark: tokio::sync::OnceCell::new(),
+            stopped: AtomicBool::new(false),
             node,
         })
     }
@@ -183,6 +188,22 @@ impl Flights {
     pub(crate) fn used(&self) -> bool {
         self.first_mark.initialized()
     }
+
+    /// Whether no write of this store may still land: none in flight, and
+    /// none whose outcome is unknown within [`CAP_MICROS`].
+    fn settled(&self, clock: &Clock) -> bool {
+        let floor = clock.next() - CAP_MICROS;
+        self.stripes
+            .iter()
+            .all(|s| s.lock().expect("flights").is_empty())
+            && self
+                .unsure
+                .lock()
+                .expect("flights")
+                .range(floor..)
+                .next()
+                .is_none()
+    }
 }
 
 fn mark_key(node: &[u8]) -> Key {
@@ -204,6 +225,9 @@ pub(crate) fn spawn_marker(inner: Weak<Inner>) {
         loop {
             tokio::time::sleep(MARK_EVERY).await;
             let Some(inner) = inner.upgrade() else { break };
+            if inner.flights.stopped.load(Ordering::SeqCst) {
+                break;
+            }
             if !inner.flights.used() {
                 continue;
             }
@@ -245,6 +269,10 @@ impl Inner {
         let value = [w.to_be_bytes(), t.to_be_bytes()].concat();
         let table = marks_table();
         let ts = self.clock.next();
+        // Stamped before a stop's removal, or not sent: the removal wins.
+        if self.flights.stopped.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let write = self.session.execute_unpaged(
             &self.st.put,
             (
@@ -306,20 +334,47 @@ impl Inner {
         }
     }
 
-    /// Removes this store's mark as it goes away (when a runtime is there
-    /// to run it): readers need not wait out its hold.
+    /// The node stops: its marks end, and its mark is removed unless a
+    /// write of its may still land (then it holds readers until its hold
+    /// ends), so that readers need not wait out its hold. One attempt,
+    /// bounded by [`MARK_TIMEOUT`].
+    pub(crate) async fn stop_marking(&self) {
+        if self.flights.stopped.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Some(delete) = self.mark_delete() else {
+            return;
+        };
+        if tokio::time::timeout(MARK_TIMEOUT, delete).await.is_err() {
+            tracing::debug!("cassandra store: a feed mark stays until its hold ends (timed out)");
+        }
+    }
+
+    /// Removes this store's mark as it goes away, when a runtime is there
+    /// to run it (see [`Inner::stop_marking`]).
     pub(crate) fn retire_mark(&self) {
-        if !self.flights.used() {
+        if self.flights.stopped.swap(true, Ordering::SeqCst) {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        if let Some(delete) = self.mark_delete() {
+            handle.spawn(delete);
+        }
+    }
+
+    /// The removal of this store's mark, if it has one and no write of its
+    /// may still land. Its timestamp is taken now, after every mark of its.
+    fn mark_delete(&self) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        if !self.flights.used() || !self.flights.settled(&self.clock) {
+            return None;
+        }
         let session = self.session.clone();
         let delete = self.st.delete.clone();
         let ts = self.clock.next();
         let node = self.flights.node;
-        handle.spawn(async move {
+        Some(async move {
             let table = marks_table();
             let r = session
                 .execute_unpaged(&delete, (ts, table.name(), MARKS, &node[..]))
@@ -327,6 +382,6 @@ impl Inner {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "cassandra store: a feed mark stays until its hold ends");
             }
-        });
+        })
     }
 }

@@ -163,6 +163,10 @@ impl<S: Store> Store for CountingStore<S> {
         self.inner.connections()
     }
 
+    async fn stop(&self) {
+        self.inner.stop().await
+    }
+
     async fn trim_feed(&self, feed: Table, through: &[u8], limit: usize) -> StoreResult<usize> {
         self.inner.trim_feed(feed, through, limit).await
     }

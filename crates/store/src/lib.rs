@@ -508,6 +508,12 @@ pub trait Store: Send + Sync + 'static {
         1
     }
 
+    /// The node stops: called once, after its last request. A backend
+    /// lets go of what it holds for other nodes (Cassandra removes its feed
+    /// mark, which their feeds would otherwise wait out). Nothing by
+    /// default.
+    async fn stop(&self) {}
+
     /// The backend's own counters, for metrics (`name`, value): commits,
     /// fsyncs, queue refusals, ... Names are lower-case with `_`.
     fn counters(&self) -> Vec<(&'static str, u64)> {
@@ -696,6 +702,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
     fn partition_split(&self) -> u32 {
         (**self).partition_split()
+    }
+    async fn stop(&self) {
+        (**self).stop().await
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         (**self).counters()

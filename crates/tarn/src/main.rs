@@ -552,6 +552,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     ));
     tokio::select! {
         done = &mut server => {
+            streams.engine.store().stop().await;
             done?;
             return Ok(());
         }
@@ -564,7 +565,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     streams.end_streams();
     stop.notify_one();
-    match tokio::time::timeout(grace, server).await {
+    let served = tokio::time::timeout(grace, server).await;
+    // After the last request: the store lets go of what it holds for
+    // other nodes (on Cassandra, its feed mark).
+    streams.engine.store().stop().await;
+    match served {
         Ok(done) => done?,
         Err(_) => tracing::warn!("grace period over; closing the remaining connections"),
     }

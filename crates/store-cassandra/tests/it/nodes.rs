@@ -261,3 +261,45 @@ async fn an_entry_landing_late_is_read_late_not_passed_over() {
     slow.await.unwrap().unwrap();
     assert_eq!(seen, [b"late".to_vec(), b"after".to_vec()]);
 }
+
+/// A store that stops (its node shuts down) removes its feed mark and
+/// writes no more, so the other nodes' feeds need not wait out its hold
+/// (5 s); one with a write that may still land keeps its mark, which goes
+/// on holding readers below that write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopped_store_lets_go_of_its_mark() {
+    use std::time::Duration;
+    let _g = CLUSTER.read().await;
+    let url = fresh_url();
+    let a = connect(&url, options()).await;
+    let b = connect(&url, options()).await;
+    let feed = Table::new("stop_feed");
+    let append = |value: &[u8]| {
+        let mut w = Batch::new();
+        w.append(feed, value.to_vec());
+        w
+    };
+    let marks = || async {
+        let scan = Scan::partition(Table::new("zfeedmeta"), b"marks".to_vec(), 100);
+        let mut snap = b.snapshot().await.unwrap();
+        snap.read(&[], &[scan]).await.unwrap().scans[0].len()
+    };
+    a.write(append(b"from a")).await.unwrap();
+    b.write(append(b"from b")).await.unwrap();
+    assert_eq!(marks().await, 2, "both stores mark");
+    a.stop().await;
+    assert_eq!(marks().await, 1, "a's mark is gone");
+    // Five of its marking intervals.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(marks().await, 1, "a stopped store marks no more");
+    let slow = {
+        let (b, w) = (b.clone(), append(b"late"));
+        tokio::spawn(async move { b.write_landing_late(w, Duration::from_secs(2)).await })
+    };
+    // Well after the write was stamped (it is sent 2 s after).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!slow.is_finished());
+    b.stop().await;
+    assert_eq!(marks().await, 1, "b's write may still land: its mark stays");
+    slow.await.unwrap().unwrap();
+}

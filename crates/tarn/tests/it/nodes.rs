@@ -855,3 +855,53 @@ fn an_export_of_a_schema_nothing_made_is_refused() {
     assert!(lines.contains("\"type\":\"user\""), "{lines}");
     assert!(lines.contains("\"type\":\"end\""), "{lines}");
 }
+
+/// A node stopped by SIGTERM removes its feed mark from the cluster, so
+/// the other nodes' feeds (their streams and `/changes`) need not wait out
+/// its hold, 5 s, each time a node restarts.
+#[test]
+fn a_cassandra_node_that_stops_lets_go_of_its_feed_mark() {
+    use tarn_store::{Scan, Store, Table};
+    let _g = cluster_shared();
+    let url = fresh_cassandra_url();
+    let node = start(&url);
+    let r = call(
+        node.addr,
+        "POST",
+        "/api/v1/users",
+        None,
+        Some(json!({"username": "ann", "password": "ann-password"})),
+    );
+    assert_eq!(r.status, 201);
+    let r = call(
+        node.addr,
+        "POST",
+        "/api/v1/sessions",
+        None,
+        Some(json!({"username": "ann", "password": "ann-password"})),
+    );
+    let ann = r.json()["token"].as_str().unwrap().to_string();
+    let r = call(
+        node.addr,
+        "POST",
+        "/api/v1/items",
+        Some(&ann),
+        Some(json!({"kind": "doc", "properties": {"t": 1}})),
+    );
+    assert_eq!(r.status, 201);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // A store that only reads, as the node's neighbour: it writes no mark.
+    let store = rt
+        .block_on(tarn_store_cassandra::CassandraStore::connect(&url))
+        .unwrap();
+    let marks = || {
+        rt.block_on(async {
+            let scan = Scan::partition(Table::new("zfeedmeta"), b"marks".to_vec(), 100);
+            let mut snap = store.snapshot().await.unwrap();
+            snap.read(&[], &[scan]).await.unwrap().scans[0].len()
+        })
+    };
+    assert_eq!(marks(), 1, "the node marks once it has written a change");
+    drop(node);
+    assert_eq!(marks(), 0, "the stopped node's mark is gone");
+}
