@@ -765,6 +765,7 @@ impl Engine {
                 })
                 .await;
         };
+        let asked_at = tokio::time::Instant::now();
         let page = self
             .pull_page(caller, key, since.clone(), kind, limit)
             .await?;
@@ -778,18 +779,18 @@ impl Engine {
         let Some(asked) = page.asked.filter(|_| page.reached_end) else {
             return Ok(page.page);
         };
-        let wait = self.wait_readable(&asked);
+        let wait = self.wait_readable(&asked, asked_at);
         if tokio::time::timeout(PULL_WAIT, wait).await.is_err() {
             tracing::debug!("a pull answers what the feed shows: it is held back");
         }
         Ok(self.pull_page(caller, key, since, kind, limit).await?.page)
     }
 
-    /// Waits until the feed of changes is readable through `end`: the
-    /// store's lag, then a look every [`PULL_LOOK`]. A look that fails
+    /// Waits until the feed of changes is readable through `end`: until
+    /// the store's lag after `asked_at`, then a look every [`PULL_LOOK`]. A look that fails
     /// ends the wait (the pull after it answers the store's failure).
-    async fn wait_readable(&self, end: &[u8]) {
-        tokio::time::sleep(self.store().feed_lag()).await;
+    async fn wait_readable(&self, end: &[u8], asked_at: tokio::time::Instant) {
+        tokio::time::sleep_until(asked_at + self.store().feed_lag()).await;
         loop {
             let look = async {
                 Ok::<_, EngineError>(self.snapshot().await?.feed_readable(CHANGES).await?)

@@ -478,7 +478,7 @@ impl CassandraStore {
             // The store's first mark, before its first stamp: after it,
             // one every `MARK_EVERY`.
             self.inner.first_mark().await?;
-            Some(self.inner.flights.begin(&self.inner.clock))
+            Some(self.inner.flights.begin(&self.inner.clock)?)
         };
         let appends = match flight.as_mut().map(|f| (f.stamp, f)) {
             Some((stamp, f)) => match feed::append_ops(&batch, stamp) {
@@ -517,6 +517,13 @@ impl CassandraStore {
             f.settle();
         }
         written
+    }
+
+    /// Test hook: whether a write of this store with changes may still
+    /// land (stamped, and not yet landed or refused).
+    #[cfg(feature = "test-hooks")]
+    pub fn writes_in_flight(&self) -> bool {
+        !self.inner.flights.settled(&self.inner.clock)
     }
 
     /// Test hook: a write whose batch is sent `delay` after its feed

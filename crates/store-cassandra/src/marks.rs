@@ -64,6 +64,14 @@ pub(crate) const CAP_MICROS: i64 = 30_000_000;
 /// How long one mark's write (or a look for dead nodes' marks) may take
 /// before it is given up.
 const MARK_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the store's first mark, which every feed write waits for, is
+/// tried (a write retries for longer: `CassandraOptions::write_retry_window`).
+const FIRST_MARK_TRIES: Duration = Duration::from_secs(5);
+/// How long a stopping store waits for its writes in flight to land
+/// before it lets go of its mark.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+/// How long a stopping store's removal of its mark may take.
+const RETIRE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Marks older than this are removed by the live nodes (their nodes died).
 const FORGET_MICROS: i64 = 60_000_000;
 /// The marker looks for such marks every this many marks (about a minute).
@@ -88,12 +96,15 @@ pub(crate) struct Flights {
     /// are [`CAP_MICROS`] old.
     unsure: Mutex<BTreeSet<i64>>,
     next: AtomicUsize,
-    /// The store's first mark, written before its first feed write is
-    /// stamped (the writes that come meanwhile wait for it): marks start
-    /// then.
-    first_mark: tokio::sync::OnceCell<()>,
-    /// Set as the node stops: marks end.
+    /// Set once the store's first mark is written (before its first feed
+    /// write is stamped): marks go on from then.
+    used: AtomicBool,
+    /// Taken to write the first mark; when the last try to failed.
+    first_mark: tokio::sync::Mutex<Option<std::time::Instant>>,
+    /// Set as the node stops: feed writes are refused from then.
     stopped: AtomicBool,
+    /// Set once a stopped store has let go of its mark: marks end.
+    ended: AtomicBool,
     /// This store's mark: its clustering key in the marks' partition.
     pub(crate) node: [u8; 16],
 }
@@ -141,26 +152,32 @@ impl Flights {
             stripes: std::array::from_fn(|_| Mutex::new(BTreeSet::new())),
             unsure: Mutex::new(BTreeSet::new()),
             next: AtomicUsize::new(0),
-            first_mark: tokio::sync::OnceCell::new(),
+            used: AtomicBool::new(false),
+            first_mark: tokio::sync::Mutex::new(None),
             stopped: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
             node,
         })
     }
 
-    /// Stamps a write and records it as in flight. The stamp is taken
-    /// under the stripe's lock, so a mark that reads the clock after it
-    /// finds it in its stripe.
-    pub(crate) fn begin<'a>(&'a self, clock: &Clock) -> Flight<'a> {
+    /// Stamps a write and records it as in flight; refused once the store
+    /// is stopping. The stamp is taken under the stripe's lock, so a mark
+    /// that reads the clock after it finds it in its stripe, and so does a
+    /// stop that set its flag before it ([`Flights::settled`]).
+    pub(crate) fn begin<'a>(&'a self, clock: &Clock) -> StoreResult<Flight<'a>> {
         let stripe = self.next.fetch_add(1, Ordering::Relaxed) % STRIPES;
         let mut set = self.stripes[stripe].lock().expect("flights");
+        if self.stopped.load(Ordering::SeqCst) {
+            return Err(stopping());
+        }
         let stamp = clock.next();
         set.insert(stamp);
-        Flight {
+        Ok(Flight {
             flights: self,
             stripe,
             stamp,
             settled: false,
-        }
+        })
     }
 
     /// `(W, t)` as of now: `t` a fresh stamp (every later write is stamped
@@ -186,12 +203,12 @@ impl Flights {
 
     /// Whether the store has begun marking.
     pub(crate) fn used(&self) -> bool {
-        self.first_mark.initialized()
+        self.used.load(Ordering::SeqCst)
     }
 
     /// Whether no write of this store may still land: none in flight, and
     /// none whose outcome is unknown within [`CAP_MICROS`].
-    fn settled(&self, clock: &Clock) -> bool {
+    pub(crate) fn settled(&self, clock: &Clock) -> bool {
         let floor = clock.next() - CAP_MICROS;
         self.stripes
             .iter()
@@ -204,6 +221,10 @@ impl Flights {
                 .next()
                 .is_none()
     }
+}
+
+fn stopping() -> StoreError {
+    StoreError::Unavailable("the store is stopping: it writes no more changes".into())
 }
 
 fn mark_key(node: &[u8]) -> Key {
@@ -225,7 +246,7 @@ pub(crate) fn spawn_marker(inner: Weak<Inner>) {
         loop {
             tokio::time::sleep(MARK_EVERY).await;
             let Some(inner) = inner.upgrade() else { break };
-            if inner.flights.stopped.load(Ordering::SeqCst) {
+            if inner.flights.ended.load(Ordering::SeqCst) {
                 break;
             }
             if !inner.flights.used() {
@@ -250,16 +271,44 @@ pub(crate) fn spawn_marker(inner: Weak<Inner>) {
 }
 
 impl Inner {
-    /// Before a feed write is stamped: the store's first mark, once.
-    /// Writes that come meanwhile wait for it, and while it cannot be
-    /// written they are refused (`Unavailable`, nothing sent), so that no
-    /// stamp of this store exists before its marks hold readers below it.
+    /// Before a feed write is stamped: the store's first mark, once, so
+    /// that no stamp of this store exists before its marks hold readers
+    /// below it. Writes that come meanwhile wait for it; while it cannot
+    /// be written (tried for [`FIRST_MARK_TRIES`]) they are refused
+    /// (`Unavailable`, nothing sent), those that waited on a try at once.
     pub(crate) async fn first_mark(&self) -> StoreResult<()> {
-        self.flights
-            .first_mark
-            .get_or_try_init(|| self.publish_mark())
-            .await
-            .map(|_| ())
+        if self.flights.used() {
+            return Ok(());
+        }
+        if self.flights.stopped.load(Ordering::SeqCst) {
+            return Err(stopping());
+        }
+        let mut failed = self.flights.first_mark.lock().await;
+        if self.flights.used() {
+            return Ok(());
+        }
+        if failed.is_some_and(|at| at.elapsed() < MARK_EVERY) {
+            return Err(StoreError::Unavailable(
+                "the store's first feed mark could not be written".into(),
+            ));
+        }
+        let deadline = tokio::time::Instant::now() + FIRST_MARK_TRIES;
+        loop {
+            match self.publish_mark().await {
+                Ok(()) => {
+                    self.flights.used.store(true, Ordering::SeqCst);
+                    *failed = None;
+                    return Ok(());
+                }
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    *failed = Some(std::time::Instant::now());
+                    return Err(StoreError::Unavailable(format!(
+                        "the store's first feed mark could not be written: {e}"
+                    )));
+                }
+                Err(_) => tokio::time::sleep(MARK_EVERY).await,
+            }
+        }
     }
 
     /// One attempt, bounded by [`MARK_TIMEOUT`]: a mark that cannot be
@@ -270,8 +319,8 @@ impl Inner {
         let table = marks_table();
         let ts = self.clock.next();
         // Stamped before a stop's removal, or not sent: the removal wins.
-        if self.flights.stopped.load(Ordering::SeqCst) {
-            return Ok(());
+        if self.flights.ended.load(Ordering::SeqCst) {
+            return Err(stopping());
         }
         let write = self.session.execute_unpaged(
             &self.st.put,
@@ -334,18 +383,27 @@ impl Inner {
         }
     }
 
-    /// The node stops: its marks end, and its mark is removed unless a
-    /// write of its may still land (then it holds readers until its hold
-    /// ends), so that readers need not wait out its hold. One attempt,
-    /// bounded by [`MARK_TIMEOUT`].
+    /// The node stops: feed writes are refused from now; once those in
+    /// flight have landed (waited for at most [`STOP_WAIT`]), its marks
+    /// end and its mark is removed (one try, at most [`RETIRE_TIMEOUT`]),
+    /// so that readers need not wait out its hold. While a write of its
+    /// may still land, it goes on marking for as long as it lives.
     pub(crate) async fn stop_marking(&self) {
         if self.flights.stopped.swap(true, Ordering::SeqCst) {
             return;
         }
+        let deadline = tokio::time::Instant::now() + STOP_WAIT;
+        while !self.flights.settled(&self.clock) {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::info!("stopping: a change may still land; this node's feed mark stays");
+                return;
+            }
+            tokio::time::sleep(MARK_EVERY).await;
+        }
         let Some(delete) = self.mark_delete() else {
             return;
         };
-        if tokio::time::timeout(MARK_TIMEOUT, delete).await.is_err() {
+        if tokio::time::timeout(RETIRE_TIMEOUT, delete).await.is_err() {
             tracing::debug!("cassandra store: a feed mark stays until its hold ends (timed out)");
         }
     }
@@ -353,9 +411,7 @@ impl Inner {
     /// Removes this store's mark as it goes away, when a runtime is there
     /// to run it (see [`Inner::stop_marking`]).
     pub(crate) fn retire_mark(&self) {
-        if self.flights.stopped.swap(true, Ordering::SeqCst) {
-            return;
-        }
+        self.flights.stopped.store(true, Ordering::SeqCst);
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -364,10 +420,15 @@ impl Inner {
         }
     }
 
-    /// The removal of this store's mark, if it has one and no write of its
-    /// may still land. Its timestamp is taken now, after every mark of its.
+    /// Ends the marks and answers the removal of this store's mark, if it
+    /// has one, it is stopping and no write of its may still land (else
+    /// `None`, and it goes on marking). The removal's timestamp is taken
+    /// after marks end, so it comes after every mark of the store.
     fn mark_delete(&self) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
-        if !self.flights.used() || !self.flights.settled(&self.clock) {
+        if !self.flights.used()
+            || !self.flights.settled(&self.clock)
+            || self.flights.ended.swap(true, Ordering::SeqCst)
+        {
             return None;
         }
         let session = self.session.clone();

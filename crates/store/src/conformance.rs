@@ -948,4 +948,8 @@ impl Store for HoldWrites {
     ) -> crate::StoreResult<usize> {
         self.inner.trim_feed(feed, through, limit).await
     }
+
+    async fn stop(&self) {
+        self.inner.stop().await
+    }
 }

@@ -508,10 +508,12 @@ pub trait Store: Send + Sync + 'static {
         1
     }
 
-    /// The node stops: called once, after its last request. A backend
-    /// lets go of what it holds for other nodes (Cassandra removes its feed
-    /// mark, which their feeds would otherwise wait out). Nothing by
-    /// default.
+    /// The node stops: called once, as its requests end (a request that
+    /// outlived the grace may still write). A backend lets go of what it
+    /// holds for other nodes: Cassandra refuses writes with feed entries
+    /// from then (`Unavailable`), waits a few seconds for those in flight
+    /// to land, and removes its feed mark, which the other nodes' feeds
+    /// would otherwise wait out. Nothing by default.
     async fn stop(&self) {}
 
     /// The backend's own counters, for metrics (`name`, value): commits,

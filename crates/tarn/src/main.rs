@@ -566,8 +566,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     streams.end_streams();
     stop.notify_one();
     let served = tokio::time::timeout(grace, server).await;
-    // After the last request: the store lets go of what it holds for
-    // other nodes (on Cassandra, its feed mark).
+    // The store lets go of what it holds for other nodes (on Cassandra,
+    // its feed mark, once its writes in flight have landed; it refuses
+    // changes from then, so a request that outlived the grace is answered
+    // 503).
     streams.engine.store().stop().await;
     match served {
         Ok(done) => done?,

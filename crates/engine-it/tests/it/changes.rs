@@ -913,10 +913,17 @@ async fn changes_on_cassandra_across_two_stores() {
                 .id,
         );
     }
-    // A pull asked just after them, on the other store, holds them all,
-    // once each, in order: it waits until the feed shows them.
-    let page = b.changes(&bob, Some(&start), None, 50).await.unwrap();
-    let ids: Vec<String> = page.changes.iter().map(|c| c.id.clone()).collect();
+    // Pulls from just after them, on the other store, get them all, once
+    // each, in order (the first waits until the feed shows them, unless a
+    // write still landing holds it back longer).
+    let mut ids: Vec<String> = Vec::new();
+    let mut cursor = start;
+    let asked = std::time::Instant::now();
+    while ids.len() < made.len() && asked.elapsed() < Duration::from_secs(30) {
+        let page = b.changes(&bob, Some(&cursor), None, 50).await.unwrap();
+        ids.extend(page.changes.into_iter().map(|c| c.id));
+        cursor = page.next;
+    }
     assert_eq!(ids, made);
     let mut got = Vec::new();
     for _ in 0..5 {

@@ -262,17 +262,21 @@ async fn an_entry_landing_late_is_read_late_not_passed_over() {
     assert_eq!(seen, [b"late".to_vec(), b"after".to_vec()]);
 }
 
-/// A store that stops (its node shuts down) removes its feed mark and
-/// writes no more, so the other nodes' feeds need not wait out its hold
-/// (5 s); one with a write that may still land keeps its mark, which goes
-/// on holding readers below that write.
+/// A store that stops (its node shuts down) refuses changes from then,
+/// waits for its writes in flight to land, and removes its feed mark, so
+/// the other nodes' feeds need not wait out its hold (5 s); while a write
+/// of its may still land (past that wait), it keeps its mark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stopped_store_lets_go_of_its_mark() {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
     let _g = CLUSTER.read().await;
     let url = fresh_url();
-    let a = connect(&url, options()).await;
-    let b = connect(&url, options()).await;
+    let [a, b, c, d] = [
+        connect(&url, options()).await,
+        connect(&url, options()).await,
+        connect(&url, options()).await,
+        connect(&url, options()).await,
+    ];
     let feed = Table::new("stop_feed");
     let append = |value: &[u8]| {
         let mut w = Batch::new();
@@ -281,25 +285,48 @@ async fn a_stopped_store_lets_go_of_its_mark() {
     };
     let marks = || async {
         let scan = Scan::partition(Table::new("zfeedmeta"), b"marks".to_vec(), 100);
-        let mut snap = b.snapshot().await.unwrap();
+        let mut snap = c.snapshot().await.unwrap();
         snap.read(&[], &[scan]).await.unwrap().scans[0].len()
     };
-    a.write(append(b"from a")).await.unwrap();
-    b.write(append(b"from b")).await.unwrap();
-    assert_eq!(marks().await, 2, "both stores mark");
+    for s in [&a, &b, &d] {
+        s.write(append(b"first")).await.unwrap();
+    }
+    assert_eq!(marks().await, 3, "each store that wrote a change marks");
     a.stop().await;
-    assert_eq!(marks().await, 1, "a's mark is gone");
-    // Five of its marking intervals.
+    assert_eq!(marks().await, 2, "a's mark is gone");
+    assert!(matches!(
+        a.write(append(b"after")).await,
+        Err(StoreError::Unavailable(_))
+    ));
+    // C never wrote a change; stopped, it writes none, nor a mark.
+    c.stop().await;
+    assert!(matches!(
+        c.write(append(b"after")).await,
+        Err(StoreError::Unavailable(_))
+    ));
+    // Five of a's marking intervals.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(marks().await, 1, "a stopped store marks no more");
-    let slow = {
-        let (b, w) = (b.clone(), append(b"late"));
-        tokio::spawn(async move { b.write_landing_late(w, Duration::from_secs(2)).await })
+    assert_eq!(marks().await, 2, "stopped stores mark no more");
+    // B's write lands within the stop's wait, d's after it.
+    let slow = |s: &CassandraStore, delay| {
+        let (s, w) = (s.clone(), append(b"late"));
+        tokio::spawn(async move { s.write_landing_late(w, delay).await })
     };
-    // Well after the write was stamped (it is sent 2 s after).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!slow.is_finished());
-    b.stop().await;
-    assert_eq!(marks().await, 1, "b's write may still land: its mark stays");
-    slow.await.unwrap().unwrap();
+    let (b_slow, d_slow) = (
+        slow(&b, Duration::from_secs(2)),
+        slow(&d, Duration::from_secs(8)),
+    );
+    let stamped = Instant::now();
+    while !(b.writes_in_flight() && d.writes_in_flight()) {
+        assert!(stamped.elapsed() < Duration::from_secs(30), "not stamped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::join!(b.stop(), d.stop());
+    b_slow.await.unwrap().unwrap();
+    assert_eq!(
+        marks().await,
+        1,
+        "b's mark is gone; d's write may still land"
+    );
+    d_slow.await.unwrap().unwrap();
 }
