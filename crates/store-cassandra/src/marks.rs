@@ -99,7 +99,7 @@ pub(crate) struct Flights {
     /// Set once the store's first mark is written (before its first feed
     /// write is stamped): marks go on from then.
     used: AtomicBool,
-    /// Taken to write the first mark; when the last try to failed.
+    /// Taken to write the first mark; when the last try at it failed.
     first_mark: tokio::sync::Mutex<Option<std::time::Instant>>,
     /// Set as the node stops: feed writes are refused from then.
     stopped: AtomicBool,
