@@ -9,6 +9,11 @@
 //! clustering = (sort-values..., item id)
 //! ```
 //!
+//! except that an index declared since 2026-12-01 keeps an item shared with
+//! `everyone` in that principal's partitions only, and one shared with
+//! `authenticated` in that one's ([`Readers`]): every caller reads the
+//! first, every signed-in caller the second.
+//!
 //! encoded with [`keys`](crate::keys) so that byte order is value order.
 //! `everyone` and `authenticated` partitions are split in the store's
 //! buckets (one on SQLite and PostgreSQL), so none grows without bound on a
@@ -142,6 +147,53 @@ pub struct IndexDef {
     /// rows were written with).
     #[serde(default, skip_serializing_if = "Impacts::is_milli")]
     pub impacts: Impacts,
+    /// Which of an item's readers it keeps rows for (older declarations:
+    /// every one, as their rows were written).
+    #[serde(default, skip_serializing_if = "Readers::is_every")]
+    pub readers: Readers,
+}
+
+/// Which of an item's readers an index keeps rows for.
+///
+/// Every caller reads the partitions of `everyone`, and every signed-in
+/// caller those of `authenticated` (api.md: they are among a user's
+/// effective principals), so a row of an item in a narrower partition of
+/// the same caller is never the only way to it: an item shared with
+/// `everyone` and two groups needs its rows once, not four times. Listings
+/// and searches merge the caller's partitions and drop duplicates either
+/// way, so what they answer is the same; only the rows written differ.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Readers {
+    /// Every principal the ACL names: the built-in indexes (`_shared` is
+    /// about who was named) and declarations made before 2026-12-01, whose
+    /// rows were written so and are found and removed so.
+    #[default]
+    Every,
+    /// The widest the ACL names: `everyone` when it names it, else
+    /// `authenticated` when it names that, else every principal it names.
+    Widest,
+}
+
+impl Readers {
+    /// Whether this is the rule of older declarations.
+    pub fn is_every(&self) -> bool {
+        *self == Readers::Every
+    }
+
+    /// The readers of `item` an index keeps rows for, once each.
+    pub(crate) fn of<'a>(self, item: &'a Item) -> Vec<&'a Principal> {
+        let all = item.readers();
+        if self == Readers::Every {
+            return all;
+        }
+        for widest in [Principal::Everyone, Principal::Authenticated] {
+            if let Some(p) = all.iter().find(|p| ***p == widest) {
+                return vec![*p];
+            }
+        }
+        all
+    }
 }
 
 /// One field of a text index.
@@ -194,6 +246,7 @@ pub(crate) fn builtins() -> Vec<IndexDef> {
         language: None,
         ties: Order::Asc,
         impacts: Impacts::Milli,
+        readers: Readers::Every,
     };
     vec![
         def("_kind", &["kind"]),
@@ -545,7 +598,8 @@ impl IndexDef {
         let clustering = self.clustering(item);
         let bucket = bucket_of(&item.id, split);
         let shared_only = self.kind.is_none() && self.name == SHARED;
-        item.readers()
+        self.readers
+            .of(item)
             .into_iter()
             .filter(|p| !shared_only || is_shared_with(p, item))
             .map(|p| {
@@ -796,6 +850,7 @@ impl Engine {
                     } else {
                         Impacts::Stepped
                     },
+                    readers: Readers::Widest,
                 };
                 b.put(schema::def_key(name), schema::encode(&def), 1);
                 self.write_defs(defs.version, b).await?;

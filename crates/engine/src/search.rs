@@ -335,7 +335,7 @@ pub(crate) fn text_rows(def: &IndexDef, item: &Item, split: u32) -> Vec<(Key, Ve
     let values = def.where_values(item);
     let refs: Vec<Option<&Value>> = values.iter().map(|v| v.as_ref()).collect();
     let bucket = bucket_of(&item.id, split);
-    let readers = item.readers();
+    let readers = def.readers.of(item);
     let mut out = Vec::with_capacity(impacts.len() * readers.len() + 1);
     for (term, impact) in &impacts {
         let mut clustering = Vec::with_capacity(term.len() + item.id.len() + 8);
@@ -1239,6 +1239,7 @@ mod tests {
             language: None,
             ties: crate::Order::Asc,
             impacts: Impacts::Stepped,
+            readers: crate::indexes::Readers::Widest,
         }
     }
 

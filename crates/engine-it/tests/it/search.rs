@@ -757,6 +757,7 @@ enum Op {
 enum Who {
     User(usize),
     Group,
+    Authenticated,
     Everyone,
 }
 
@@ -764,6 +765,7 @@ fn who() -> impl Strategy<Value = Who> {
     prop_oneof![
         (0..USERS).prop_map(Who::User),
         Just(Who::Group),
+        Just(Who::Authenticated),
         Just(Who::Everyone)
     ]
 }
@@ -799,6 +801,7 @@ fn grants(by: usize, share: &[Who]) -> Vec<Grant> {
             principal: match w {
                 Who::User(u) => Principal::User(format!("u{u}")),
                 Who::Group => Principal::Group("g".into()),
+                Who::Authenticated => Principal::Authenticated,
                 Who::Everyone => Principal::Everyone,
             },
             role: Role::Viewer,
@@ -904,12 +907,13 @@ async fn run_model(e: Engine, ops: Vec<Op>) {
             }
         }
     }
-    // Every user, every one- and two-word query, both match modes; the
-    // users at once (on Cassandra the queries wait on round trips).
+    // Every user and an anonymous caller, every one- and two-word
+    // query, both match modes; the callers at once (on Cassandra the
+    // queries wait on round trips).
     let docs = std::sync::Arc::new(docs);
     let members = std::sync::Arc::new(members);
     let mut checks = tokio::task::JoinSet::new();
-    for u in 0..USERS {
+    for u in (0..USERS).map(Some).chain([None]) {
         let (e, docs, members) = (e.clone(), docs.clone(), members.clone());
         checks.spawn(async move { check_user(&e, u, &docs, &members).await });
     }
@@ -920,19 +924,24 @@ async fn run_model(e: Engine, ops: Vec<Op>) {
     }
 }
 
-/// Every one- and two-word query of user `u`, both match modes, against
-/// the model's `docs` and group `members`.
-async fn check_user(e: &Engine, u: usize, docs: &[Doc], members: &BTreeSet<usize>) {
+/// Every one- and two-word query of user `u` (`None`: an anonymous
+/// caller), both match modes, against the model's `docs` and group
+/// `members`.
+async fn check_user(e: &Engine, u: Option<usize>, docs: &[Doc], members: &BTreeSet<usize>) {
     let reads = |d: &Doc| {
         !d.gone
-            && (d.by == u
+            && (Some(d.by) == u
                 || d.share.iter().any(|w| match w {
-                    Who::User(x) => *x == u,
-                    Who::Group => members.contains(&u),
+                    Who::User(x) => Some(*x) == u,
+                    Who::Group => u.is_some_and(|u| members.contains(&u)),
+                    Who::Authenticated => u.is_some(),
                     Who::Everyone => true,
                 }))
     };
-    let caller = common::user(&format!("u{u}"));
+    let caller = match u {
+        Some(u) => common::user(&format!("u{u}")),
+        None => Caller::Anonymous,
+    };
     // Each word's score in each item, in thousandths: a query's score
     // is the sum of its matched words' (whether an item's impacts come
     // from the rows read or from its forward row).
@@ -966,7 +975,7 @@ async fn check_user(e: &Engine, u: usize, docs: &[Doc], members: &BTreeSet<usize
                 .filter(|d| reads(d) && d.words.contains(&i))
                 .map(|d| d.id.clone())
                 .collect();
-            assert_eq!(got, want, "u{u} prefix {typed}");
+            assert_eq!(got, want, "{u:?} prefix {typed}");
         }
     }
     #[allow(clippy::needless_range_loop)]
@@ -1007,7 +1016,7 @@ async fn check_user(e: &Engine, u: usize, docs: &[Doc], members: &BTreeSet<usize
                 assert_eq!(
                     got_ids,
                     want.keys().cloned().collect::<BTreeSet<_>>(),
-                    "u{u} {:?} all={all}",
+                    "{u:?} {:?} all={all}",
                     words
                 );
                 if !all {
@@ -1151,4 +1160,172 @@ async fn a_cursor_serves_only_its_own_search() {
             "{other:?}: {r:?}"
         );
     }
+}
+
+/// The rows a store holds in the partitions of index `name`.
+async fn index_rows(e: &Engine, store: &tarn_store::memory::MemoryStore, name: &str) -> usize {
+    use tarn_store::Store;
+    let uid = e.get_index(&admin(), name).await.unwrap().uid;
+    let mut prefix = Vec::new();
+    tarn_engine::keys::encode_str(&mut prefix, &uid);
+    let mut snap = store.snapshot().await.unwrap();
+    let (mut n, mut from) = (0, None);
+    loop {
+        let (rows, next) = snap.scan_all(from.as_deref(), 1000).await.unwrap();
+        n += rows
+            .iter()
+            .filter(|(k, _)| k.table.name() == "idx" && k.partition.starts_with(&prefix))
+            .count();
+        match next {
+            Some(c) => from = Some(c),
+            None => return n,
+        }
+    }
+}
+
+fn grant(p: Principal, role: Role) -> Grant {
+    Grant { principal: p, role }
+}
+
+/// An item shared with `everyone` (or `authenticated`) keeps its rows in
+/// that partition alone, which every (signed-in) caller reads: four
+/// readers' rows were written before for a word that one row serves.
+#[tokio::test]
+async fn a_public_item_keeps_its_rows_in_the_widest_partition_only() {
+    let store = std::sync::Arc::new(tarn_store::memory::MemoryStore::new());
+    let e = common::engine(store.clone());
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    let cat = sign_up(&e, "cat").await;
+    e.create_group(&admin(), "g", None, Default::default())
+        .await
+        .unwrap();
+    e.add_member(&admin(), "g", &Principal::User("bob".into()))
+        .await
+        .unwrap();
+    title_and_description(&e).await;
+    let anyone = Caller::Anonymous;
+    let finds = |who: &Caller| {
+        let (e, who) = (&e, who.clone());
+        async move { ids(e, &who, q("green tea")).await.len() }
+    };
+    let id = doc(
+        &e,
+        &ann,
+        props(json!({"title": "Green tea", "description": "with jasmine"})),
+        vec![
+            grant(Principal::Group("g".into()), Role::Viewer),
+            grant(Principal::Everyone, Role::Viewer),
+        ],
+    )
+    .await;
+    // Four terms, once each (not for ann, g and everyone: twelve).
+    assert_eq!(index_rows(&e, &store, "doc-text").await, 4);
+    for who in [&ann, &bob, &cat, &anyone] {
+        assert_eq!(finds(who).await, 1, "{who:?}");
+    }
+    let set = |acl: Vec<Grant>| {
+        let (e, ann, id) = (&e, ann.clone(), id.clone());
+        async move {
+            let mut acl = acl;
+            acl.push(grant(Principal::User("ann".into()), Role::Manager));
+            e.set_acl(&ann, &id, None, acl, None).await.unwrap();
+        }
+    };
+    // Signed-in callers only: the rows move to `authenticated`.
+    set(vec![
+        grant(Principal::Group("g".into()), Role::Viewer),
+        grant(Principal::Authenticated, Role::Viewer),
+    ])
+    .await;
+    assert_eq!(index_rows(&e, &store, "doc-text").await, 4);
+    for (who, n) in [(&ann, 1), (&bob, 1), (&cat, 1), (&anyone, 0)] {
+        assert_eq!(finds(who).await, n, "{who:?}");
+    }
+    // The group alone: the rows of ann and of g, and no others left.
+    set(vec![grant(Principal::Group("g".into()), Role::Viewer)]).await;
+    assert_eq!(index_rows(&e, &store, "doc-text").await, 8);
+    for (who, n) in [(&ann, 1), (&bob, 1), (&cat, 0), (&anyone, 0)] {
+        assert_eq!(finds(who).await, n, "{who:?}");
+    }
+    set(vec![grant(Principal::Everyone, Role::Viewer)]).await;
+    assert_eq!(index_rows(&e, &store, "doc-text").await, 4);
+    e.delete_item(&ann, &id, None, None).await.unwrap();
+    assert_eq!(index_rows(&e, &store, "doc-text").await, 0);
+}
+
+/// A text index declared before the widest partition was enough keeps a
+/// row for every reader, which its rows were written with, and finds
+/// and removes them so (declarations travel with it through export and
+/// import).
+#[tokio::test]
+async fn an_older_index_keeps_a_row_for_every_reader() {
+    let store = std::sync::Arc::new(tarn_store::memory::MemoryStore::new());
+    let e = common::engine(store.clone());
+    let mut imp = e.importer();
+    imp.add(tarn_engine::Record::Index {
+        index: tarn_engine::IndexDef {
+            name: "doc-text".into(),
+            kind: Some("doc".into()),
+            where_: vec![],
+            sort: vec![],
+            state: tarn_engine::IndexState::Ready,
+            uid: "old".into(),
+            since: 1,
+            text: vec![tf("title", 1.0)],
+            language: Some("english".into()),
+            ties: tarn_engine::Order::Asc,
+            impacts: tarn_engine::Impacts::Stepped,
+            readers: tarn_engine::Readers::Every,
+        },
+    })
+    .await
+    .unwrap();
+    imp.add(tarn_engine::Record::End {
+        records: [("index".to_string(), 1)].into_iter().collect(),
+    })
+    .await
+    .unwrap();
+    imp.finish().await.unwrap();
+    common::wait_ready(&e, "doc-text").await;
+    assert_eq!(
+        e.get_index(&admin(), "doc-text").await.unwrap().readers,
+        tarn_engine::Readers::Every
+    );
+    let ann = sign_up(&e, "ann").await;
+    let bob = sign_up(&e, "bob").await;
+    let acl = |more: Vec<Grant>| {
+        let mut acl = more;
+        acl.push(grant(Principal::User("ann".into()), Role::Manager));
+        acl
+    };
+    let id = doc(
+        &e,
+        &ann,
+        props(json!({"title": "Green tea"})),
+        acl(vec![
+            grant(Principal::User("bob".into()), Role::Viewer),
+            grant(Principal::Everyone, Role::Viewer),
+        ]),
+    )
+    .await;
+    assert_eq!(
+        index_rows(&e, &store, "doc-text").await,
+        6,
+        "ann, bob, everyone"
+    );
+    e.patch_item(&ann, &id, None, &json!({"title": "Green coffee"}), None)
+        .await
+        .unwrap();
+    assert_eq!(index_rows(&e, &store, "doc-text").await, 6);
+    assert!(
+        ids(&e, &bob, q("tea")).await.is_empty(),
+        "no row left behind"
+    );
+    assert_eq!(ids(&e, &Caller::Anonymous, q("coffee")).await, [id.clone()]);
+    e.set_acl(&ann, &id, None, acl(vec![]), None).await.unwrap();
+    assert_eq!(index_rows(&e, &store, "doc-text").await, 2);
+    assert!(ids(&e, &bob, q("coffee")).await.is_empty());
+    e.delete_item(&ann, &id, None, None).await.unwrap();
+    assert_eq!(index_rows(&e, &store, "doc-text").await, 0);
 }

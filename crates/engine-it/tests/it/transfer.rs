@@ -418,6 +418,7 @@ async fn imports_refuse_bad_records() {
             language: None,
             ties: tarn_engine::Order::Asc,
             impacts: tarn_engine::Impacts::Milli,
+            readers: tarn_engine::Readers::Every,
         },
     };
     assert!(imp.add(late).await.is_err(), "declarations come first");
@@ -785,6 +786,7 @@ async fn declarations_keep_the_encodings_of_their_rows() {
                 let ties = index.remove("ties").is_some();
                 let impacts = index.remove("impacts").is_some();
                 assert!(ties || impacts, "one or the other declared today: {l}");
+                assert!(index.remove("readers").is_some(), "declared today: {l}");
             }
             v.to_string()
         })
@@ -796,6 +798,15 @@ async fn declarations_keep_the_encodings_of_their_rows() {
             imp.add(serde_json::from_str(l).unwrap()).await.unwrap();
         }
         imp.finish().await.unwrap();
+        for name in ["doc-by-rank-desc", "doc-text"] {
+            let readers = e.get_index(&admin(), name).await.unwrap().readers;
+            let want = if now {
+                tarn_engine::Readers::Widest
+            } else {
+                tarn_engine::Readers::Every
+            };
+            assert_eq!(readers, want, "{name}, now={now}");
+        }
         let ann = sign_up(&e, "ann").await;
         let mut ids = Vec::new();
         for _ in 0..3 {
