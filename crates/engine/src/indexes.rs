@@ -182,7 +182,7 @@ impl Readers {
     }
 
     /// The readers of `item` an index keeps rows for, once each.
-    pub(crate) fn of<'a>(self, item: &'a Item) -> Vec<&'a Principal> {
+    pub(crate) fn of(self, item: &Item) -> Vec<&Principal> {
         let all = item.readers();
         if self == Readers::Every {
             return all;

@@ -468,8 +468,10 @@ impl Expansion {
 /// whole; folding spells every apostrophe `'`), and by each lower-case
 /// letter, after folding, of the scripts the first character is one of:
 /// Latin (with the letters that fold to no ASCII one, such as `ŋ`, `ə`),
-/// Cyrillic, Greek. A first
-/// character of another script has no second characters listed: its
+/// Cyrillic, Greek, Arabic, Hebrew, Armenian, Georgian, Katakana, the
+/// Indic scripts (each letter, vowel sign and mark of its block), Thai
+/// and Lao. A first character of another script (Hangul, whose
+/// syllables are thousands) has no second characters listed: its
 /// prefix matches the whole word only, as do the terms whose second
 /// character is none of those listed (until two characters are typed).
 fn prefix_heads(prefix: &str) -> Vec<String> {
@@ -489,6 +491,35 @@ fn prefix_heads(prefix: &str) -> Vec<String> {
             .collect(),
         // Greek: accents fold away, and a final `ς` is `σ`.
         '\u{0370}'..='\u{03FF}' => ('α'..='ρ').chain('σ'..='ω').collect(),
+        // Arabic: its letters (a hamza or madda over a letter folds away,
+        // as the vowel points do) and those Persian and Urdu add.
+        '\u{0600}'..='\u{06FF}' => ('\u{0621}'..='\u{064A}')
+            .chain([
+                '\u{0679}', '\u{067E}', '\u{0686}', '\u{0688}', '\u{0691}', '\u{0698}', '\u{06A9}',
+                '\u{06AF}', '\u{06BA}', '\u{06BE}', '\u{06C1}', '\u{06CC}', '\u{06D2}',
+            ])
+            .collect(),
+        // Hebrew: the letters, final forms among them (points fold away).
+        '\u{0590}'..='\u{05FF}' => ('\u{05D0}'..='\u{05EA}').collect(),
+        // Armenian, lower case.
+        '\u{0530}'..='\u{058F}' => ('\u{0561}'..='\u{0587}').collect(),
+        // Georgian.
+        '\u{10A0}'..='\u{10FF}' => ('\u{10D0}'..='\u{10FA}').collect(),
+        // Katakana and its long vowel mark: a run of it is one word to
+        // segmentation (a hiragana or an ideograph is a word alone).
+        '\u{30A0}'..='\u{30FF}' => ('\u{30A1}'..='\u{30FA}').chain(['\u{30FC}']).collect(),
+        // The Indic scripts, Devanagari to Sinhala, lay out their blocks of
+        // 128 alike: signs, vowels, consonants, the nukta, vowel signs and
+        // the virama, then length marks and vocalic vowels; Thai and Lao
+        // keep their consonants, vowels and marks below 0x4F of theirs.
+        c @ ('\u{0900}'..='\u{0DFF}' | '\u{0E00}'..='\u{0EFF}') => {
+            let base = c as u32 & !0x7F;
+            let last = if c < '\u{0E00}' { 0x63 } else { 0x4E };
+            (base + 1..=base + last)
+                .filter(|i| !(0x4F..0x55).contains(&(i - base)))
+                .filter_map(char::from_u32)
+                .collect()
+        }
         c if c.is_ascii_alphanumeric()
             || matches!(c, '\u{00C0}'..='\u{024F}' | '\u{0250}'..='\u{02AF}') =>
         {
@@ -1179,6 +1210,16 @@ mod tests {
             ("russian", "йогурт ёлка щи объём"),
             ("none", "п'ять м’ясо пјесма қазақ әке"),
             ("greek", "λέξη ψυχή ς όλος"),
+            ("arabic", "مرحبا حاسوب أحمد إسلام آمن مؤمن سئل القرآن"),
+            ("none", "مرحبا پنجره گل کتاب یک"),
+            ("none", "שָׁלוֹם שלום ספר מים"),
+            ("none", "բարեւ ձմեռ"),
+            ("none", "გამარჯობა"),
+            ("none", "タワー コーヒー ｶﾀｶﾅ ガラス"),
+            ("none", "काम कम क़िला हिन्दी ऋषि"),
+            ("none", "বাংলা ভাষা"),
+            ("tamil", "தமிழ் மொழி"),
+            ("none", "ภาษาไทย ສະບາຍດີ"),
         ];
         for (language, text) in samples {
             let analyzer = Analyzer::new(language);
@@ -1194,6 +1235,7 @@ mod tests {
         }
         // Another script: the whole word only, one partition.
         assert_eq!(prefix_heads("字"), vec!["字".to_string()]);
+        assert_eq!(prefix_heads("검"), vec!["검".to_string()]);
         assert_eq!(prefix_heads("ab"), vec!["ab".to_string()]);
     }
 
