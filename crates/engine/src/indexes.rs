@@ -151,6 +151,34 @@ pub struct IndexDef {
     /// every one, as their rows were written).
     #[serde(default, skip_serializing_if = "Readers::is_every")]
     pub readers: Readers,
+    /// How a text index cuts the heads of its terms (older declarations:
+    /// as their rows were written).
+    #[serde(default, skip_serializing_if = "Heads::is_two")]
+    pub heads: Heads,
+}
+
+/// How a text index cuts a term's head, the part of the term in its
+/// rows' partition key: a prefix search reads the partitions of the heads
+/// its terms may have.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Heads {
+    /// The first two characters: text indexes declared before
+    /// 2026-12-01, and sort indexes, which have none.
+    #[default]
+    Two,
+    /// The first two characters, but of a term that starts with a Hangul
+    /// syllable that syllable alone: a first syllable is a prefix people
+    /// type, and the syllables that may follow it are thousands, too many
+    /// partitions to read one by one.
+    Syllable,
+}
+
+impl Heads {
+    /// Whether this is the cut of older declarations.
+    pub fn is_two(&self) -> bool {
+        *self == Heads::Two
+    }
 }
 
 /// Which of an item's readers an index keeps rows for.
@@ -247,6 +275,7 @@ pub(crate) fn builtins() -> Vec<IndexDef> {
         ties: Order::Asc,
         impacts: Impacts::Milli,
         readers: Readers::Every,
+        heads: Heads::Two,
     };
     vec![
         def("_kind", &["kind"]),
@@ -851,6 +880,11 @@ impl Engine {
                         Impacts::Stepped
                     },
                     readers: Readers::Widest,
+                    heads: if text.is_empty() {
+                        Heads::Two
+                    } else {
+                        Heads::Syllable
+                    },
                 };
                 b.put(schema::def_key(name), schema::encode(&def), 1);
                 self.write_defs(defs.version, b).await?;

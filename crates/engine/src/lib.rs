@@ -47,7 +47,7 @@ pub use bodies::{check_content_type, media_essence, BodyRange, BodyReader, BodyU
 pub use changes::{Change, ChangeOp, ChangePage, Event, Subscription, POLL};
 pub use error::{EngineError, Result};
 pub use groups::MemberPage;
-pub use indexes::{written_field, IndexDef, IndexState, Readers, SortField, TextField};
+pub use indexes::{written_field, Heads, IndexDef, IndexState, Readers, SortField, TextField};
 pub use items::{FOREIGN_TAG, WEAK_TAG};
 pub use keys::Order;
 pub use listing::{ListQuery, Page, Scope};

@@ -51,7 +51,7 @@ use tarn_store::{Direction, Key, Row, Scan, Snapshot, SnapshotExt, Table};
 
 use crate::actor::Resolve;
 use crate::error::{EngineError, Result};
-use crate::indexes::{bucket_of, is_shared, IndexDef, IndexState};
+use crate::indexes::{bucket_of, is_shared, Heads, IndexDef, IndexState};
 use crate::keys::{decode_str, encode_str, encoded_prefix, successor};
 use crate::listing::{Merge, Step};
 use crate::schema::{self, ItemRow, INDEX};
@@ -213,9 +213,17 @@ pub fn is_textual(content_type: &str) -> bool {
     essence.starts_with("text/") || essence == "application/json" || essence == "application/xml"
 }
 
-/// The first two characters of a term: the partition its rows live in.
-fn head(term: &str) -> &str {
-    match term.char_indices().nth(2) {
+/// The head of a term, which names the partition its rows live in: its
+/// first two characters, or as `heads` says.
+fn head(heads: Heads, term: &str) -> &str {
+    let mut chars = term.char_indices();
+    let syllable = matches!(chars.next(), Some((_, '\u{AC00}'..='\u{D7A3}')));
+    let n = if syllable && heads == Heads::Syllable {
+        1
+    } else {
+        2
+    };
+    match term.char_indices().nth(n) {
         Some((i, _)) => &term[..i],
         None => term,
     }
@@ -229,7 +237,7 @@ fn term_partition(
     term: &str,
 ) -> Vec<u8> {
     let mut p = def.partition(principal, bucket, where_values);
-    encode_str(&mut p, head(term));
+    encode_str(&mut p, head(def.heads, term));
     p
 }
 
@@ -470,10 +478,11 @@ impl Expansion {
 /// Latin (with the letters that fold to no ASCII one, such as `ŋ`, `ə`),
 /// Cyrillic, Greek, Arabic, Hebrew, Armenian, Georgian, Katakana, the
 /// Indic scripts (each letter, vowel sign and mark of its block), Thai
-/// and Lao. A first character of another script (Hangul, whose
-/// syllables are thousands) has no second characters listed: its
-/// prefix matches the whole word only, as do the terms whose second
-/// character is none of those listed (until two characters are typed).
+/// and Lao. A first character of another script has no second
+/// characters listed: its prefix matches the whole word only, as do the
+/// terms whose second character is none of those listed (until two
+/// characters are typed) — but for a Hangul syllable, whose partition
+/// holds every term it starts under [`Heads::Syllable`].
 fn prefix_heads(prefix: &str) -> Vec<String> {
     let mut chars = prefix.chars();
     let (Some(first), None) = (chars.next(), chars.next()) else {
@@ -1225,7 +1234,7 @@ mod tests {
             let analyzer = Analyzer::new(language);
             for w in words(text) {
                 let term = analyzer.term(&w);
-                let h = head(&term);
+                let h = head(Heads::Syllable, &term);
                 let first: String = h.chars().take(1).collect();
                 assert!(
                     prefix_heads(&first).iter().any(|p| p == h),
@@ -1282,6 +1291,7 @@ mod tests {
             ties: crate::Order::Asc,
             impacts: Impacts::Stepped,
             readers: crate::indexes::Readers::Widest,
+            heads: Heads::Syllable,
         }
     }
 

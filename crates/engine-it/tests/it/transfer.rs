@@ -419,6 +419,7 @@ async fn imports_refuse_bad_records() {
             ties: tarn_engine::Order::Asc,
             impacts: tarn_engine::Impacts::Milli,
             readers: tarn_engine::Readers::Every,
+            heads: tarn_engine::Heads::Two,
         },
     };
     assert!(imp.add(late).await.is_err(), "declarations come first");
@@ -787,6 +788,8 @@ async fn declarations_keep_the_encodings_of_their_rows() {
                 let impacts = index.remove("impacts").is_some();
                 assert!(ties || impacts, "one or the other declared today: {l}");
                 assert!(index.remove("readers").is_some(), "declared today: {l}");
+                let heads = index.remove("heads").is_some();
+                assert_eq!(heads, index.contains_key("text"), "text indexes: {l}");
             }
             v.to_string()
         })
@@ -807,6 +810,13 @@ async fn declarations_keep_the_encodings_of_their_rows() {
             };
             assert_eq!(readers, want, "{name}, now={now}");
         }
+        let heads = e.get_index(&admin(), "doc-text").await.unwrap().heads;
+        let want = if now {
+            tarn_engine::Heads::Syllable
+        } else {
+            tarn_engine::Heads::Two
+        };
+        assert_eq!(heads, want, "now={now}");
         let ann = sign_up(&e, "ann").await;
         let mut ids = Vec::new();
         for _ in 0..3 {
