@@ -2,14 +2,19 @@
 //! same access model as listings.
 //!
 //! A text index holds, for every term of an item and every principal that
-//! may read it, one row:
+//! may read it (but only `everyone`'s, or `authenticated`'s, for an item
+//! shared with it, in indexes declared since 2026-12-01:
+//! [`Readers`](crate::indexes::Readers)),
+//! one row:
 //!
 //! ```text
 //! partition  = (index uid, principal, [bucket], where-values..., first two characters of the term)
 //! clustering = (term, impact descending, item id)
 //! ```
 //!
-//! and one *forward* row per item with the impact of each of its terms.
+//! where a term's head is its first two characters (a Hangul term's, its
+//! first syllable, in indexes declared since 2026-12-01: [`Heads`]), and
+//! one *forward* row per item with the impact of each of its terms.
 //! The *impact* of a term is its weight in that one item (term frequency
 //! in each field, saturated and normalised by the field's length against
 //! a fixed length, times the field's weight): it depends on the item alone,
@@ -27,7 +32,7 @@
 //! was most of a search's time). A
 //! prefix (search-as-you-type) is expanded to the terms that start with it
 //! by a few bounded reads of the caller's own partitions of its first two
-//! characters (of one character: [`prefix_heads`], some fifty), each
+//! characters (of one character: [`prefix_heads`], some fifty to 110), each
 //! skipping past the rows of the last term it saw — never a scan across
 //! partitions. A word typed past its stem ("brewi", on its
 //! way to "brewing", whose term is "brew") also matches the stems of the
@@ -48,6 +53,7 @@ use std::ops::Bound;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tarn_store::{Direction, Key, Row, Scan, Snapshot, SnapshotExt, Table};
+use unicode_properties::{GeneralCategoryGroup, UnicodeGeneralCategory};
 
 use crate::actor::Resolve;
 use crate::error::{EngineError, Result};
@@ -73,9 +79,10 @@ pub const MAX_EXPANSION: usize = 32;
 const EXPAND_FIRST: usize = 32;
 const EXPAND_ROWS: usize = 8;
 /// Most partitions a one-character prefix's expansion reads (its heads,
-/// some fifty, times the caller's partitions): about four times what a
-/// listing by a caller in the most groups reads. Past it the prefix
-/// matches the whole word only.
+/// some fifty for Latin, Cyrillic and Greek, up to about 110 for Katakana
+/// and the Indic scripts, times the caller's partitions): about four
+/// times what a listing by a caller in the most groups reads. Past it
+/// the prefix matches the whole word only.
 const EXPAND_PARTITIONS: usize = 4096;
 /// Rounds of a prefix's expansion: each finds at least one term more in
 /// every partition it reads, so as many as the terms a prefix keeps.
@@ -477,8 +484,8 @@ impl Expansion {
 /// letter, after folding, of the scripts the first character is one of:
 /// Latin (with the letters that fold to no ASCII one, such as `ŋ`, `ə`),
 /// Cyrillic, Greek, Arabic, Hebrew, Armenian, Georgian, Katakana, the
-/// Indic scripts (each letter, vowel sign and mark of its block), Thai
-/// and Lao. A first character of another script has no second
+/// Indic scripts (each letter and mark of its block that folding keeps).
+/// A first character of another script has no second
 /// characters listed: its prefix matches the whole word only, as do the
 /// terms whose second character is none of those listed (until two
 /// characters are typed) — but for a Hangul syllable, whose partition
@@ -508,8 +515,11 @@ fn prefix_heads(prefix: &str) -> Vec<String> {
                 '\u{06AF}', '\u{06BA}', '\u{06BE}', '\u{06C1}', '\u{06CC}', '\u{06D2}',
             ])
             .collect(),
-        // Hebrew: the letters, final forms among them (points fold away).
-        '\u{0590}'..='\u{05FF}' => ('\u{05D0}'..='\u{05EA}').collect(),
+        // Hebrew: the letters, final forms among them (points fold away),
+        // and the geresh and gershayim that words keep inside them.
+        '\u{0590}'..='\u{05FF}' => ('\u{05D0}'..='\u{05EA}')
+            .chain(['\u{05F3}', '\u{05F4}'])
+            .collect(),
         // Armenian, lower case.
         '\u{0530}'..='\u{058F}' => ('\u{0561}'..='\u{0587}').collect(),
         // Georgian.
@@ -517,16 +527,21 @@ fn prefix_heads(prefix: &str) -> Vec<String> {
         // Katakana and its long vowel mark: a run of it is one word to
         // segmentation (a hiragana or an ideograph is a word alone).
         '\u{30A0}'..='\u{30FF}' => ('\u{30A1}'..='\u{30FA}').chain(['\u{30FC}']).collect(),
-        // The Indic scripts, Devanagari to Sinhala, lay out their blocks of
-        // 128 alike: signs, vowels, consonants, the nukta, vowel signs and
-        // the virama, then length marks and vocalic vowels; Thai and Lao
-        // keep their consonants, vowels and marks below 0x4F of theirs.
-        c @ ('\u{0900}'..='\u{0DFF}' | '\u{0E00}'..='\u{0EFF}') => {
+        // The Indic scripts, Devanagari to Malayalam and Sinhala: every
+        // letter and mark of the script's block of 128 that folding
+        // leaves as it is (a Devanagari `क़` folds to `क` and the nukta).
+        c @ '\u{0900}'..='\u{0DFF}' => {
             let base = c as u32 & !0x7F;
-            let last = if c < '\u{0E00}' { 0x63 } else { 0x4E };
-            (base + 1..=base + last)
-                .filter(|i| !(0x4F..0x55).contains(&(i - base)))
+            (base..base + 0x80)
                 .filter_map(char::from_u32)
+                .filter(|c| {
+                    matches!(
+                        c.general_category_group(),
+                        GeneralCategoryGroup::Letter | GeneralCategoryGroup::Mark
+                    ) && crate::text::fold(c.encode_utf8(&mut [0; 4]))
+                        .chars()
+                        .eq([*c])
+                })
                 .collect()
         }
         c if c.is_ascii_alphanumeric()
@@ -1201,6 +1216,14 @@ mod tests {
     /// Every word's term of these languages lives in a partition its first
     /// character's prefix reads.
     #[test]
+    fn one_character_prefixes_of_indic_scripts_read_at_most_130_heads() {
+        for first in ["क", "ক", "ਕ", "க", "ക", "ක", "ଓ"] {
+            let n = prefix_heads(first).len();
+            assert!((60..=130).contains(&n), "{first}: {n}");
+        }
+    }
+
+    #[test]
     fn one_character_prefixes_read_the_heads_of_their_words() {
         let samples = [
             (
@@ -1228,7 +1251,8 @@ mod tests {
             ("none", "काम कम क़िला हिन्दी ऋषि"),
             ("none", "বাংলা ভাষা"),
             ("tamil", "தமிழ் மொழி"),
-            ("none", "ภาษาไทย ສະບາຍດີ"),
+            ("none", "සිංහල පාසල ਇੱਕ ਪੰਜਾਬ আৰু എൻ്റെ ଓଡ଼ିଆ"),
+            ("none", "ג׳ירפה צה״ל"),
         ];
         for (language, text) in samples {
             let analyzer = Analyzer::new(language);
