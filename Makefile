@@ -34,9 +34,10 @@ lint: setup
 
 # Every test, with a throwaway PostgreSQL (scripts/with-postgres.sh) and a
 # throwaway 3-node Cassandra cluster (scripts/with-cassandra.sh); the HTTP
-# suite runs seven times: on the in-memory store, SQLite, PostgreSQL and
-# Cassandra with one node, and on the in-memory store, PostgreSQL and
-# Cassandra with two nodes taking requests in turn (TARN_TEST_NODES=2).
+# suite runs six times: on the in-memory store, SQLite and PostgreSQL with
+# one node, and on the in-memory store, PostgreSQL and Cassandra with two
+# nodes taking requests in turn (TARN_TEST_NODES=2; scripts/http-suites.sh
+# says why Cassandra runs it with two only).
 check-tests: setup
 	scripts/with-postgres.sh scripts/with-cassandra.sh sh -c '\
 	  $(CARGO) test --workspace --no-fail-fast && scripts/http-suites.sh'

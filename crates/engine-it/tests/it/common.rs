@@ -24,6 +24,14 @@ pub fn memory() -> Engine {
     engine(Arc::new(tarn_store::memory::MemoryStore::new()))
 }
 
+/// An engine on the in-memory store laid out as Cassandra's is: the
+/// partitions every reader shares split in 16 buckets, which listings and
+/// searches merge. The model tests check that layout here at the cost of
+/// memory, and SQLite's one partition on SQLite.
+pub fn memory_split() -> Engine {
+    engine(Arc::new(tarn_store::memory::MemoryStore::with_split(16)))
+}
+
 pub fn sqlite() -> (Engine, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = tarn_store_sqlite::SqliteStore::open(dir.path()).unwrap();
