@@ -1030,8 +1030,9 @@ async fn check_user(
         .await;
         single.push(hits.into_iter().map(|(id, s)| (id, milli(s))).collect());
     }
-    // Search as you type: the first letter and the first two of each
-    // word (no two words of the vocabulary start alike).
+    // Search as you type: the first two letters of each word, and the
+    // first alone when `one_letter` (no two words of the vocabulary start
+    // alike).
     let typed_letters: &[usize] = if one_letter { &[1, 2] } else { &[2] };
     for (i, w) in VOCAB.iter().enumerate() {
         for typed in typed_letters.iter().map(|n| &w[..*n]) {
