@@ -183,6 +183,8 @@ mod error;
 mod feed;
 mod intent;
 mod marks;
+#[cfg(feature = "test-pool")]
+pub mod pool;
 mod read;
 mod retry;
 mod schema;

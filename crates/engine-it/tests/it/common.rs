@@ -58,21 +58,19 @@ pub async fn postgres_store_with(
         .unwrap()
 }
 
-/// A store on the test Cassandra cluster (TARN_TEST_CASSANDRA), in a fresh
-/// keyspace.
+/// A store on the test Cassandra cluster (TARN_TEST_CASSANDRA), in an
+/// emptied keyspace of the cluster's pool, held until the test's thread
+/// ends (`tarn_store_cassandra::pool`).
 pub async fn cassandra_store() -> tarn_store_cassandra::CassandraStore {
     let base = std::env::var("TARN_TEST_CASSANDRA").expect(
         "TARN_TEST_CASSANDRA is not set: run the tests through `make test` or scripts/with-cassandra.sh",
     );
-    let mut b = [0u8; 8];
-    getrandom::fill(&mut b).unwrap();
-    let (hosts, rest) = base
-        .rsplit_once('/')
-        .expect("cassandra://hosts/keyspace?...");
-    let query = rest
-        .split_once('?')
-        .map_or(String::new(), |(_, q)| format!("?{q}"));
-    let url = format!("{hosts}/e_{:016x}{query}", u64::from_le_bytes(b));
+    let dir = std::env::var_os("TARN_TEST_CASSANDRA_DIR")
+        .map_or_else(std::env::temp_dir, std::path::PathBuf::from)
+        .join("pool");
+    let url = tarn_store_cassandra::pool::lease_for_this_thread(&base, &dir)
+        .await
+        .unwrap();
     tarn_store_cassandra::CassandraStore::connect(&url)
         .await
         .unwrap()

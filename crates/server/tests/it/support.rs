@@ -110,11 +110,14 @@ async fn stores() -> Stores {
         Ok("cassandra") => {
             let base = std::env::var("TARN_TEST_CASSANDRA")
                 .expect("TARN_TEST_CASSANDRA (see scripts/with-cassandra.sh)");
-            let (hosts, rest) = base.rsplit_once('/').expect("cassandra://hosts/keyspace");
-            let query = rest
-                .split_once('?')
-                .map_or(String::new(), |(_, q)| format!("?{q}"));
-            let url = format!("{hosts}/s_{:016x}{query}", unique());
+            // An emptied keyspace of the cluster's pool, held until the
+            // test's thread ends.
+            let dir = std::env::var_os("TARN_TEST_CASSANDRA_DIR")
+                .map_or_else(std::env::temp_dir, std::path::PathBuf::from)
+                .join("pool");
+            let url = tarn_store_cassandra::pool::lease_for_this_thread(&base, &dir)
+                .await
+                .unwrap();
             let connect = || tarn_store_cassandra::CassandraStore::connect(&url);
             let a = connect().await.unwrap();
             let b = connect().await.unwrap();

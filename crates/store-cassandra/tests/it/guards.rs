@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use tarn_store::{Batch, Expect, Key, SnapshotExt, Store, StoreError, Table};
 use tarn_store_cassandra::CassandraStore;
 
-use crate::{connect, fresh_url, options, CLUSTER};
+use crate::{connect, options, pooled_url, CLUSTER};
 
 const T: Table = Table::new("guards");
 const U: Table = Table::new("elsewhere");
@@ -19,7 +19,7 @@ fn counter(s: &CassandraStore, name: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_failing_guard_is_named_from_the_transactions_answer() {
     let _g = CLUSTER.read().await;
-    let s = connect(&fresh_url(), options()).await;
+    let s = connect(&pooled_url().await, options()).await;
     let mut w = Batch::new();
     w.put(Key::new(T, b"p", b"a"), b"A".to_vec(), 3)
         .put(Key::new(T, b"p", b"b"), b"B".to_vec(), 1);
@@ -88,7 +88,7 @@ async fn the_failing_guard_is_named_from_the_transactions_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_answer_is_learnt_from_the_intent_never_guessed() {
     let _g = CLUSTER.read().await;
-    let s = connect(&fresh_url(), options()).await;
+    let s = connect(&pooled_url().await, options()).await;
     // Applied, answer lost: the SERIAL read finds the intent, the write
     // completes and answers Ok.
     let mut w = Batch::new();

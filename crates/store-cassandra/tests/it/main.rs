@@ -58,8 +58,22 @@ pub async fn connect(url: &str, options: CassandraOptions) -> CassandraStore {
 
 async fn fresh() -> (Arc<dyn Store>, RwLockReadGuard<'static, ()>) {
     let guard = CLUSTER.read().await;
-    let store = connect(&fresh_url(), options()).await;
+    let store = connect(&pooled_url().await, options()).await;
     (Arc::new(store) as Arc<dyn Store>, guard)
+}
+
+/// An emptied keyspace of the cluster's pool (`tarn_store_cassandra::pool`),
+/// held until the test's thread ends: for tests that need an empty store,
+/// not a keyspace made for them.
+pub async fn pooled_url() -> String {
+    let base = std::env::var("TARN_TEST_CASSANDRA")
+        .unwrap_or_else(|_| panic!("TARN_TEST_CASSANDRA is not set: {HOW}"));
+    let dir = std::env::var_os("TARN_TEST_CASSANDRA_DIR")
+        .map_or_else(std::env::temp_dir, std::path::PathBuf::from)
+        .join("pool");
+    tarn_store_cassandra::pool::lease_for_this_thread(&base, &dir)
+        .await
+        .unwrap_or_else(|e| panic!("cannot lease a keyspace: {e}; {HOW}"))
 }
 
 tarn_store::conformance_tests!(fresh());

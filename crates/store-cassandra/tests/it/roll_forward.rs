@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tarn_store::{Batch, Expect, Key, SnapshotExt, Store, Table};
 use tarn_store_cassandra::{CassandraOptions, CassandraStore};
 
-use crate::{connect, fresh_url, CLUSTER};
+use crate::{connect, pooled_url, CLUSTER};
 
 const T: Table = Table::new("orders");
 const U: Table = Table::new("index");
@@ -56,7 +56,7 @@ async fn value(s: &CassandraStore, k: Key) -> Option<Vec<u8>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_whose_second_step_never_ran_is_rolled_forward() {
     let _g = CLUSTER.read().await;
-    let s = store(&fresh_url(), None).await;
+    let s = store(&pooled_url().await, None).await;
     setup(&s).await;
     s.write_first_step_only(batch()).await.unwrap();
 
@@ -99,7 +99,7 @@ async fn a_write_whose_second_step_never_ran_is_rolled_forward() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweeper_of_another_store_completes_a_dead_writers_batch() {
     let _g = CLUSTER.read().await;
-    let url = fresh_url();
+    let url = pooled_url().await;
     let writer = store(&url, None).await;
     setup(&writer).await;
     writer.write_first_step_only(batch()).await.unwrap();
@@ -127,7 +127,7 @@ async fn the_sweeper_of_another_store_completes_a_dead_writers_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completed_writes_leave_no_intent() {
     let _g = CLUSTER.read().await;
-    let s = store(&fresh_url(), None).await;
+    let s = store(&pooled_url().await, None).await;
     setup(&s).await;
     // Connecting writes the store's birth row once (a transaction too).
     let before: HashMap<_, _> = s.counters().into_iter().collect();
