@@ -55,7 +55,7 @@ pub use model::{
     is_valid_name, merge_patch, BodyMeta, Grant, Group, Item, ItemView, Principal, Properties,
     Role, User,
 };
-pub use search::{Hit, Impacts, SearchPage, SearchQuery, MAX_QUERY, MAX_WORDS};
+pub use search::{Hit, Impacts, SearchPage, SearchQuery, MAX_EXPANSION, MAX_QUERY, MAX_WORDS};
 pub use throttle::{sign_in_delay, ADDRESS_FAILURES, PAIR_FAILURES};
 pub use transfer::{Importer, Moved, Record};
 pub use users::{Me, NewUser, PasswordCost};

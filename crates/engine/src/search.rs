@@ -279,7 +279,11 @@ fn slot_impacts(bytes: &[u8], slots: &[Slot], codes: Impacts) -> Result<Vec<Opti
         let imp = bytes.get(i + 1 + n..i + 3 + n).ok_or_else(bad)?;
         let imp = codes.milli(u16::from_be_bytes([imp[0], imp[1]]));
         for (best, s) in out.iter_mut().zip(slots) {
-            if s.terms.iter().any(|q| q.as_bytes() == t) && best.is_none_or(|b| b < imp) {
+            let starts = |p: &String| t.starts_with(p.as_bytes());
+            if (s.terms.iter().any(|q| q.as_bytes() == t)
+                || s.unexpanded.as_ref().is_some_and(starts))
+                && best.is_none_or(|b| b < imp)
+            {
                 *best = Some(imp);
             }
         }
@@ -449,9 +453,21 @@ struct Slot {
     last: u32,
     /// No more rows are read (all taken, or the scan budget spent).
     done: bool,
-    /// Every row has been taken: an item not seen here lacks the word.
+    /// Every row has been taken.
     complete: bool,
     read: usize,
+    /// A prefix whose expansion left terms out ([`MAX_EXPANSION`]): its
+    /// rows are not all of the word's, so an item not seen here may still
+    /// hold it, which its forward row tells (a term starting with it).
+    unexpanded: Option<String>,
+}
+
+impl Slot {
+    /// Every row has been taken, and they are all of the word's: an item
+    /// not seen here lacks the word.
+    fn absent(&self) -> bool {
+        self.complete && self.unexpanded.is_none()
+    }
 }
 
 /// What a prefix expands to.
@@ -461,6 +477,8 @@ struct Expansion {
     /// For each partition read to its end, every term it has that starts
     /// with the prefix.
     listed: HashMap<Vec<u8>, HashSet<String>>,
+    /// Every term starting with the prefix is in `terms`.
+    whole: bool,
 }
 
 impl Expansion {
@@ -585,7 +603,7 @@ fn upper_bound(known: &[Option<u32>], slots: &[Slot], all: bool) -> u64 {
     for (k, s) in known.iter().zip(slots) {
         let most = match k {
             Some(i) => Some(*i),
-            None if s.complete => None,
+            None if s.absent() => None,
             None => Some(s.last),
         };
         if let Some(i) = most {
@@ -843,6 +861,7 @@ impl Engine {
                     done: false,
                     complete: false,
                     read: 0,
+                    unexpanded: expansion.filter(|e| !e.whole).map(|e| e.prefix),
                 }
             })
             .collect();
@@ -932,11 +951,11 @@ impl Engine {
                 let settled = known
                     .iter()
                     .zip(&slots)
-                    .all(|(k, s)| k.is_some() || s.complete);
+                    .all(|(k, s)| k.is_some() || s.absent());
                 let lacks_one = known
                     .iter()
                     .zip(&slots)
-                    .any(|(k, s)| k.is_none() && s.complete);
+                    .any(|(k, s)| k.is_none() && s.absent());
                 if q.all && lacks_one {
                     continue;
                 }
@@ -983,18 +1002,23 @@ impl Engine {
                     best.pop_last();
                 }
             }
-            // The best any unread item could score.
-            let open: Vec<&Slot> = slots.iter().filter(|s| !s.done).collect();
-            let bound = if q.all {
-                if open.len() < slots.len() {
+            // The best any unread item could score. A prefix of terms left
+            // out counts at the impact of its last row read, as if those
+            // ranked below it: the page is the best of what was read.
+            let open: Vec<&Slot> = slots
+                .iter()
+                .filter(|s| !s.done || s.unexpanded.is_some())
+                .collect();
+            let bound = if slots.iter().all(|s| s.done) {
+                None
+            } else if q.all {
+                if slots.iter().any(|s| s.done && s.unexpanded.is_none()) {
                     // A word read to its end: every item with all words
                     // has been seen.
                     None
                 } else {
                     Some(open.iter().map(|s| u64::from(s.last)).sum::<u64>())
                 }
-            } else if open.is_empty() {
-                None
             } else {
                 Some(
                     open.iter()
@@ -1082,6 +1106,7 @@ impl Engine {
         }
         // The shortest first: the words being typed are likeliest.
         terms.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        let whole = terms.len() <= MAX_EXPANSION && from.iter().all(Option::is_none);
         terms.truncate(MAX_EXPANSION);
         let listed = partitions
             .iter()
@@ -1094,6 +1119,7 @@ impl Engine {
             prefix: prefix.to_string(),
             terms,
             listed,
+            whole,
         })
     }
 }

@@ -366,6 +366,43 @@ async fn a_prefix_expands_past_terms_held_by_many_items() {
     assert_eq!(got.len(), 20);
 }
 
+/// A prefix that starts more terms than it expands to ([`MAX_EXPANSION`])
+/// still matches, after another word, the items of that word with a term
+/// it starts, which their forward rows tell: `bobs jq` finds `jqzzz bobs`
+/// past forty `jqa..` terms. (Alone, `jq` finds the items of the terms it
+/// expanded to.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_past_its_expansion_still_matches_after_another_word() {
+    let (e, _dir) = common::sqlite();
+    let ann = sign_up(&e, "ann").await;
+    text_index(&e, "doc-text", "doc", &[], vec![tf("title", 1.0)]).await;
+    for i in 0..40 {
+        let p = props(json!({"title": format!("jqa{i:02}")}));
+        doc(&e, &ann, p, everyone()).await;
+    }
+    let both = doc(&e, &ann, props(json!({"title": "jqzzz bobs"})), everyone()).await;
+    let one = doc(&e, &ann, props(json!({"title": "bobs alone"})), everyone()).await;
+    let search = |all: bool| SearchQuery {
+        q: "bobs jq".into(),
+        prefix: true,
+        all,
+        limit: 10,
+        ..q("")
+    };
+    assert_eq!(ids(&e, &ann, search(true)).await, vec![both.clone()]);
+    // Any word: the item with both first, then those with one.
+    let any = ids(&e, &ann, search(false)).await;
+    assert_eq!(any.first(), Some(&both), "{any:?}");
+    assert!(any.contains(&one), "{any:?}");
+    let alone = SearchQuery {
+        q: "jq".into(),
+        prefix: true,
+        limit: 100,
+        ..q("")
+    };
+    assert_eq!(ids(&e, &ann, alone).await.len(), tarn_engine::MAX_EXPANSION);
+}
+
 /// Every prefix of a word finds it as it is typed, also where its stem
 /// spells its last letters otherwise than the word (`dying` is `die`,
 /// `skies` is `sky`, `crying` is `cri`) or ends before them (`brew`).
