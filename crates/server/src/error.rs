@@ -233,6 +233,23 @@ fn slug_schema() -> ObjectBuilder {
         .description(Some("A stable slug naming the kind of error"))
 }
 
+/// The longest `detail` sent, in bytes: details quote what was refused (a
+/// name, a path), which may be as long as the request that held it.
+pub const MAX_DETAIL: usize = 2048;
+
+/// `detail` cut to [`MAX_DETAIL`] bytes at a character boundary, saying so.
+fn bounded(detail: &str) -> std::borrow::Cow<'_, str> {
+    if detail.len() <= MAX_DETAIL {
+        return detail.into();
+    }
+    const CUT: &str = " … (cut)";
+    let mut end = MAX_DETAIL - CUT.len();
+    while !detail.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{CUT}", &detail[..end]).into()
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, slug) = self.code.entry();
@@ -240,7 +257,7 @@ impl IntoResponse for ApiError {
             slug,
             title: status.canonical_reason().unwrap_or("Error"),
             status: status.as_u16(),
-            detail: &self.detail,
+            detail: &bounded(&self.detail),
         })
         .expect("a problem serialises");
         let mut res = (status, body).into_response();
@@ -382,5 +399,22 @@ mod tests {
         }
         let statuses: Vec<u16> = Code::ALL.iter().map(|c| c.status().as_u16()).collect();
         assert!(statuses.windows(2).all(|w| w[0] <= w[1]), "in status order");
+    }
+
+    #[test]
+    fn details_are_cut_at_a_character_boundary() {
+        assert_eq!(bounded("short"), "short");
+        let exact = "x".repeat(MAX_DETAIL);
+        assert_eq!(bounded(&exact), exact);
+        for long in ["y".repeat(1_000_000), "é".repeat(MAX_DETAIL)] {
+            let cut = bounded(&long);
+            assert!(
+                cut.len() <= MAX_DETAIL && cut.len() > MAX_DETAIL - 16,
+                "{}",
+                cut.len()
+            );
+            assert!(cut.ends_with(" … (cut)"));
+            assert!(long.starts_with(cut.trim_end_matches(" … (cut)")));
+        }
     }
 }

@@ -1231,6 +1231,35 @@ async fn index_building_answers_503() {
     assert!(r.header("retry-after").is_some());
 }
 
+/// A detail quotes what it refuses, cut to 2 KiB: a 500,000-byte user
+/// name is not sent back whole (found by a black-box probe: a 1 MB name
+/// came back in a 1 MB detail).
+#[tokio::test]
+async fn details_quote_long_input_cut_short() {
+    let app = TestApp::new().await;
+    let name = "n".repeat(500_000);
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/users",
+            None,
+            Some(json!({"username": name, "password": "long-name-password"})),
+        )
+        .await
+        .expect(400);
+    let detail = r.json()["detail"].as_str().unwrap().to_string();
+    assert!(
+        detail.len() <= tarn_server::error::MAX_DETAIL,
+        "{}",
+        detail.len()
+    );
+    assert!(
+        detail.ends_with("(cut)"),
+        "{}",
+        &detail[detail.len() - 40..]
+    );
+}
+
 #[tokio::test]
 async fn malformed_requests_are_problems() {
     let app = TestApp::with(ServerConfig {
