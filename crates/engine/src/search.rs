@@ -272,22 +272,32 @@ fn encode_forward(impacts: &BTreeMap<String, u16>) -> Vec<u8> {
 fn slot_impacts(bytes: &[u8], slots: &[Slot], codes: Impacts) -> Result<Vec<Option<u32>>> {
     let bad = || crate::error::corrupt("forward row", "truncated");
     let mut out = vec![None; slots.len()];
+    let mut left_out = vec![false; slots.len()];
     let mut i = 0;
     while i < bytes.len() {
         let n = bytes[i] as usize;
         let t = bytes.get(i + 1..i + 1 + n).ok_or_else(bad)?;
         let imp = bytes.get(i + 1 + n..i + 3 + n).ok_or_else(bad)?;
         let imp = codes.milli(u16::from_be_bytes([imp[0], imp[1]]));
-        for (best, s) in out.iter_mut().zip(slots) {
-            let starts = |p: &String| t.starts_with(p.as_bytes());
-            if (s.terms.iter().any(|q| q.as_bytes() == t)
-                || s.unexpanded.as_ref().is_some_and(starts))
-                && best.is_none_or(|b| b < imp)
+        for ((best, other), s) in out.iter_mut().zip(&mut left_out).zip(slots) {
+            if s.terms.iter().any(|q| q.as_bytes() == t) {
+                if best.is_none_or(|b| b < imp) {
+                    *best = Some(imp);
+                }
+            } else if s
+                .unexpanded
+                .as_ref()
+                .is_some_and(|p| t.starts_with(p.as_bytes()))
             {
-                *best = Some(imp);
+                *other = true;
             }
         }
         i += 3 + n;
+    }
+    for (best, other) in out.iter_mut().zip(left_out) {
+        if best.is_none() && other {
+            *best = Some(LEFT_OUT);
+        }
     }
     Ok(out)
 }
@@ -444,6 +454,13 @@ fn decode_cursor(key: &[u8], route: &[u8], c: &str) -> Result<Place> {
     Ok(Place { score, id })
 }
 
+/// The impact, in thousandths, of a prefix in an item that holds only
+/// terms it starts but left out of its expansion: the least there is, so
+/// such an item ranks below every one holding a term expanded to, its
+/// score is the same whichever word's rows found it, and no row read of
+/// the prefix (at least 1) bounds it too low.
+const LEFT_OUT: u32 = 1;
+
 /// One word of a query: the terms it matches (several for a prefix), and
 /// the merge of their rows over the caller's partitions.
 struct Slot {
@@ -458,7 +475,8 @@ struct Slot {
     read: usize,
     /// A prefix whose expansion left terms out ([`MAX_EXPANSION`]): its
     /// rows are not all of the word's, so an item not seen here may still
-    /// hold it, which its forward row tells (a term starting with it).
+    /// hold it, which its forward row tells (a term starting with it,
+    /// counted at [`LEFT_OUT`]).
     unexpanded: Option<String>,
 }
 
@@ -1003,8 +1021,8 @@ impl Engine {
                 }
             }
             // The best any unread item could score. A prefix of terms left
-            // out counts at the impact of its last row read, as if those
-            // ranked below it: the page is the best of what was read.
+            // out stays in it once read to its end, at its last row's
+            // impact, which bounds [`LEFT_OUT`] too.
             let open: Vec<&Slot> = slots
                 .iter()
                 .filter(|s| !s.done || s.unexpanded.is_some())

@@ -12,6 +12,12 @@
 //! keyspace is emptied before the lease is given, before any store
 //! connects to it (a store writes at connect).
 //!
+//! The locks hold only among processes that use one directory for one
+//! cluster: [`for_test`] leases only when `TARN_TEST_CASSANDRA_DIR` names
+//! the cluster's own directory, as `scripts/with-cassandra.sh` sets it,
+//! and otherwise makes a fresh keyspace, so that runs against a cluster
+//! of one's own never empty each other's keyspaces.
+//!
 //! A lease must outlive everything that writes to its keyspace: a write
 //! still in flight when the next test empties it would land in that
 //! test's store. [`lease_for_this_thread`] keeps it until the thread ends,
@@ -45,6 +51,25 @@ impl Lease {
 
 thread_local! {
     static HELD: RefCell<Vec<Lease>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The store URL of an empty keyspace for a test on the cluster of `base`
+/// (a store URL): a leased one ([`lease_for_this_thread`], its locks in
+/// `TARN_TEST_CASSANDRA_DIR/pool`) when that variable is set, else a
+/// fresh keyspace `<prefix>_<random>`.
+pub async fn for_test(base: &str, prefix: &str) -> StoreResult<String> {
+    if let Some(dir) = std::env::var_os("TARN_TEST_CASSANDRA_DIR") {
+        return lease_for_this_thread(base, &Path::new(&dir).join("pool")).await;
+    }
+    let target = crate::url::parse(base)?;
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).map_err(|e| StoreError::Other(format!("random: {e}")))?;
+    Ok(format!(
+        "cassandra://{}/{prefix}_{:016x}?replication={}",
+        target.hosts.join(","),
+        u64::from_le_bytes(b),
+        target.replication
+    ))
 }
 
 /// Leases an empty keyspace of the pool of `base` (a store URL whose
@@ -119,17 +144,22 @@ async fn empty(hosts: &[String], keyspace: &str) -> StoreResult<()> {
         return Ok(());
     }
     // TRUNCATE needs every node up: one a test has just restarted may take
-    // some seconds to be seen again.
+    // some seconds to be seen again. Only that is waited out.
     let truncate = format!("TRUNCATE {keyspace}.{TABLE}");
     let mut attempt = 0;
     loop {
-        match session.query_unpaged(truncate.as_str(), ()).await {
+        match session
+            .query_unpaged(truncate.as_str(), ())
+            .await
+            .map_err(map_exec)
+        {
             Ok(_) => return Ok(()),
-            Err(_) if attempt < 30 => {
+            Err(StoreError::Unavailable(m)) if attempt < 30 => {
                 attempt += 1;
+                tracing::warn!("test pool: emptying {keyspace}: {m}; again in 1 s");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            Err(e) => return Err(map_exec(e)),
+            Err(e) => return Err(e),
         }
     }
 }

@@ -65,10 +65,7 @@ pub async fn cassandra_store() -> tarn_store_cassandra::CassandraStore {
     let base = std::env::var("TARN_TEST_CASSANDRA").expect(
         "TARN_TEST_CASSANDRA is not set: run the tests through `make test` or scripts/with-cassandra.sh",
     );
-    let dir = std::env::var_os("TARN_TEST_CASSANDRA_DIR")
-        .map_or_else(std::env::temp_dir, std::path::PathBuf::from)
-        .join("pool");
-    let url = tarn_store_cassandra::pool::lease_for_this_thread(&base, &dir)
+    let url = tarn_store_cassandra::pool::for_test(&base, "e")
         .await
         .unwrap();
     tarn_store_cassandra::CassandraStore::connect(&url)
@@ -76,7 +73,7 @@ pub async fn cassandra_store() -> tarn_store_cassandra::CassandraStore {
         .unwrap()
 }
 
-/// An engine on the test Cassandra cluster, in a fresh keyspace.
+/// An engine on the test Cassandra cluster, in an empty keyspace ([`cassandra_store`]).
 pub async fn cassandra() -> Engine {
     engine(Arc::new(cassandra_store().await))
 }

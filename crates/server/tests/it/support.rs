@@ -112,10 +112,7 @@ async fn stores() -> Stores {
                 .expect("TARN_TEST_CASSANDRA (see scripts/with-cassandra.sh)");
             // An emptied keyspace of the cluster's pool, held until the
             // test's thread ends.
-            let dir = std::env::var_os("TARN_TEST_CASSANDRA_DIR")
-                .map_or_else(std::env::temp_dir, std::path::PathBuf::from)
-                .join("pool");
-            let url = tarn_store_cassandra::pool::lease_for_this_thread(&base, &dir)
+            let url = tarn_store_cassandra::pool::for_test(&base, "s")
                 .await
                 .unwrap();
             let connect = || tarn_store_cassandra::CassandraStore::connect(&url);

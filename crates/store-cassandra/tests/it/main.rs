@@ -49,7 +49,7 @@ pub fn options() -> CassandraOptions {
     }
 }
 
-/// A store on a fresh keyspace; the guard keeps node-stopping tests out.
+/// A store on `url` with `options`, or a panic saying how to run the tests.
 pub async fn connect(url: &str, options: CassandraOptions) -> CassandraStore {
     CassandraStore::connect_with(url, options)
         .await
@@ -68,10 +68,7 @@ async fn fresh() -> (Arc<dyn Store>, RwLockReadGuard<'static, ()>) {
 pub async fn pooled_url() -> String {
     let base = std::env::var("TARN_TEST_CASSANDRA")
         .unwrap_or_else(|_| panic!("TARN_TEST_CASSANDRA is not set: {HOW}"));
-    let dir = std::env::var_os("TARN_TEST_CASSANDRA_DIR")
-        .map_or_else(std::env::temp_dir, std::path::PathBuf::from)
-        .join("pool");
-    tarn_store_cassandra::pool::lease_for_this_thread(&base, &dir)
+    tarn_store_cassandra::pool::for_test(&base, "t")
         .await
         .unwrap_or_else(|e| panic!("cannot lease a keyspace: {e}; {HOW}"))
 }
