@@ -456,9 +456,9 @@ fn decode_cursor(key: &[u8], route: &[u8], c: &str) -> Result<Place> {
 
 /// The impact, in thousandths, of a prefix in an item that holds only
 /// terms it starts but left out of its expansion: the least there is, so
-/// such an item ranks below every one holding a term expanded to, its
-/// score is the same whichever word's rows found it, and no row read of
-/// the prefix (at least 1) bounds it too low.
+/// such an item ranks below one holding a term expanded to that scores
+/// alike in the other words, its score is the same whichever word's rows
+/// found it, and no row read of the prefix (at least 1) bounds it too low.
 const LEFT_OUT: u32 = 1;
 
 /// One word of a query: the terms it matches (several for a prefix), and
