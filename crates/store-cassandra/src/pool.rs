@@ -125,10 +125,7 @@ async fn empty(hosts: &[String], keyspace: &str) -> StoreResult<()> {
         .build()
         .await
         .map_err(map_session)?;
-    session
-        .await_schema_agreement()
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("schema agreement: {e}")))?;
+    crate::schema::agree(&session).await?;
     let mut q = Statement::new(
         "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = ?",
     );

@@ -102,7 +102,7 @@ pub(crate) async fn ensure(session: &Session, target: &Target) -> StoreResult<()
 }
 
 /// Waits until every node reports one schema version.
-async fn agree(session: &Session) -> StoreResult<()> {
+pub(crate) async fn agree(session: &Session) -> StoreResult<()> {
     session
         .await_schema_agreement()
         .await
