@@ -982,7 +982,11 @@ impl Engine {
         let mut m = hub.stripe(user).lock().expect("stripe");
         let n = m.entry(user.to_string()).or_insert(0);
         if *n >= limits.max_streams_per_user {
-            return Err(refuse("for this user"));
+            return Err(refuse(if user.starts_with('@') {
+                "from this address without signing in"
+            } else {
+                "for this user"
+            }));
         }
         *n += 1;
         drop(m);
