@@ -511,8 +511,12 @@ export interface paths {
         };
         get?: never;
         /**
-         * Set a user's password (administrators)
-         * @description Every session of that user ends at once, on every node.
+         * Set a user's password (administrators), or change your own
+         * @description An administrator sets any user's password without `currentPassword`,
+         *     and every session of that user ends at once, on every node. A user
+         *     changes their own by also giving `currentPassword` (a wrong one is
+         *     `403`, and failures are slowed and counted as failed sign-ins are);
+         *     their other sessions end, the one asking goes on.
          */
         put: operations["resetPassword"];
         post?: never;
@@ -856,8 +860,17 @@ export interface components {
             /** @description What the link gives: viewer or editor, never manager. */
             role: components["schemas"]["LinkRole"];
         };
-        /** @description A new password, set by an administrator. */
+        /**
+         * @description A new password: set by an administrator, or by the user, who gives
+         *     their current one.
+         */
         NewPassword: {
+            /**
+             * @description The user's password now, when they change their own: checked (and
+             *     slowed after failures) as a sign-in's; a wrong one is `403`.
+             *     Administrators setting another user's password leave it out.
+             */
+            currentPassword?: string | null;
             /** @description At least 8 characters, at most 1024 bytes. */
             password: string;
         };
@@ -3535,6 +3548,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Conflict: `conflict` */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Payload Too Large: `too-large` */
             413: {
                 headers: {
@@ -3547,6 +3569,17 @@ export interface operations {
             /** @description Unsupported Media Type: `invalid-input` */
             415: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests: `rate-limited` */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again */
+                    "Retry-After": number;
                     [name: string]: unknown;
                 };
                 content: {

@@ -133,6 +133,22 @@ impl Engine {
         password: &str,
         client: Option<&str>,
     ) -> Result<(String, crate::User)> {
+        self.throttled(username, client, || self.sign_in(username, password))
+            .await
+    }
+
+    /// Runs `check`, a check of `username`'s password, counted and slowed
+    /// as [`Engine::sign_in_throttled`] says: its
+    /// [`EngineError::Unauthenticated`] is a failure.
+    pub(crate) async fn throttled<T, F>(
+        &self,
+        username: &str,
+        client: Option<&str>,
+        check: impl FnOnce() -> F,
+    ) -> Result<T>
+    where
+        F: std::future::Future<Output = Result<T>>,
+    {
         let addr = client.unwrap_or("-");
         // A name no account can have fails like a wrong password, and
         // counts against its address all the same (it has no pair).
@@ -143,14 +159,14 @@ impl Engine {
             .retrying(|| self.check_throttle(pair.as_ref(), address.as_ref()))
             .await?;
         tokio::time::sleep(sign_in_delay(failures, self.config().max_sign_in_delay)).await;
-        let signed_in = if valid {
-            self.sign_in(username, password).await
+        let checked = if valid {
+            check().await
         } else {
             Err(EngineError::Unauthenticated(
                 "wrong username or password".into(),
             ))
         };
-        match signed_in {
+        match checked {
             Ok(ok) => {
                 let Some(pair) = pair else { return Ok(ok) };
                 let mut b = Batch::new();

@@ -304,8 +304,83 @@ impl Engine {
         self.set_password(username, password, None, false).await
     }
 
+    /// A user changes their own password, giving their current one: it is
+    /// checked, slowed and counted as a sign-in's is (from `client`), and a
+    /// wrong one is [`EngineError::Forbidden`] (not `Unauthenticated`: the
+    /// caller's session is fine). Every other session of the user ends, on
+    /// every node; the caller's own goes on.
+    pub async fn change_own_password(
+        &self,
+        caller: &Caller,
+        username: &str,
+        current: &str,
+        password: &str,
+        client: Option<&str>,
+    ) -> Result<User> {
+        check_password(password)?;
+        let actor = self
+            .retrying(|| async {
+                let mut snap = self.snapshot().await?;
+                Ok(self.resolve(&mut snap, caller, &[], &[]).await?.0)
+            })
+            .await?;
+        if actor.require_user()? != username {
+            return Err(EngineError::Forbidden(
+                "only your own password is changed with currentPassword; \
+                 an administrator sets another user's without it"
+                    .into(),
+            ));
+        }
+        let wrong = || EngineError::Unauthenticated("the current password is wrong".into());
+        let checked = self
+            .throttled(username, client, || async {
+                let (user, version) = self
+                    .retrying(|| self.read_user(username))
+                    .await?
+                    .ok_or_else(wrong)?;
+                if !self.verify_password(current, &user.password_hash).await? {
+                    return Err(wrong());
+                }
+                Ok((user, version))
+            })
+            .await;
+        let (mut user, version) = match checked {
+            Err(EngineError::Unauthenticated(m)) => return Err(EngineError::Forbidden(m)),
+            other => other?,
+        };
+        user.password_hash = self.hash_password(password, Hashing::NewPassword).await?;
+        // Guarded on the user row as checked: a reset or another change
+        // in between wins, and this one is refused rather than undo it.
+        let key = schema::user_key(username);
+        let mut b = Batch::new();
+        b.put(key.clone(), schema::encode(&user), version + 1)
+            .guard(key, Expect::Version(version));
+        match self.store().write(b).await {
+            Ok(()) => {}
+            Err(tarn_store::StoreError::GuardFailed { .. }) => {
+                return Err(EngineError::Conflict(
+                    "the account changed while its password was checked; try again".into(),
+                ))
+            }
+            Err(e) => return Err(EngineError::from(e).settle()),
+        }
+        let keep = match caller {
+            Caller::Token(token) => Some(session_hash(token)),
+            _ => None,
+        };
+        self.retrying(|| self.end_sessions_but(username, keep))
+            .await?;
+        Ok(user)
+    }
+
     /// Ends every session of a user, in bounded batches.
     pub(crate) async fn end_all_sessions(&self, username: &str) -> Result<()> {
+        self.end_sessions_but(username, None).await
+    }
+
+    /// Ends every session of a user but the one whose token hashes to
+    /// `keep`, in bounded batches.
+    async fn end_sessions_but(&self, username: &str, keep: Option<[u8; 32]>) -> Result<()> {
         loop {
             let rows = {
                 let mut snap = self.snapshot().await?;
@@ -316,9 +391,6 @@ impl Engine {
                 ))
                 .await?
             };
-            if rows.is_empty() {
-                return Ok(());
-            }
             let mut b = Batch::new();
             for r in rows {
                 let hash: [u8; 32] = r
@@ -326,8 +398,13 @@ impl Engine {
                     .as_slice()
                     .try_into()
                     .map_err(|_| crate::error::corrupt("session entry", "length"))?;
-                b.delete(schema::session_key(&hash));
-                b.delete(schema::user_session_key(username, &hash));
+                if Some(hash) != keep {
+                    b.delete(schema::session_key(&hash));
+                    b.delete(schema::user_session_key(username, &hash));
+                }
+            }
+            if b.is_empty() {
+                return Ok(());
             }
             self.store().write(b).await?;
         }

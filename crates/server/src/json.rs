@@ -375,13 +375,19 @@ pub struct SignIn {
     pub password: String,
 }
 
-/// A new password, set by an administrator.
+/// A new password: set by an administrator, or by the user, who gives
+/// their current one.
 #[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NewPassword {
     /// At least 8 characters, at most 1024 bytes.
     #[schema(min_length = 8, max_length = 1024)]
     pub password: String,
+    /// The user's password now, when they change their own: checked (and
+    /// slowed after failures) as a sign-in's; a wrong one is `403`.
+    /// Administrators setting another user's password leave it out.
+    #[schema(max_length = 1024)]
+    pub current_password: Option<String>,
 }
 
 /// A user, as the user and administrators see it.

@@ -260,9 +260,13 @@ pub async fn sign_in_cookie(
     Ok(res)
 }
 
-/// Set a user's password (administrators)
+/// Set a user's password (administrators), or change your own
 ///
-/// Every session of that user ends at once, on every node.
+/// An administrator sets any user's password without `currentPassword`,
+/// and every session of that user ends at once, on every node. A user
+/// changes their own by also giving `currentPassword` (a wrong one is
+/// `403`, and failures are slowed and counted as failed sign-ins are);
+/// their other sessions end, the one asking goes on.
 #[utoipa::path(
     put, path = "/api/v1/users/{username}/password", tag = "users", operation_id = "resetPassword",
     security(("bearer" = [])),
@@ -270,19 +274,35 @@ pub async fn sign_in_cookie(
     request_body = json::NewPassword,
     responses(
         (status = 204, description = "The password is set and the user's sessions are ended"),
-        BadRequest, Unauthorized, Forbidden, NotFound, PayloadTooLarge, UnsupportedMediaType,
-        ServiceUnavailable,
+        BadRequest, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge,
+        UnsupportedMediaType, TooManyRequests, ServiceUnavailable,
     ),
 )]
 pub async fn reset_password(
     State(s): State<AppState>,
     auth: Auth,
+    ClientAddr(addr): ClientAddr,
     Path(UserPath { username }): Path<UserPath>,
     JsonBody(body): JsonBody<json::NewPassword>,
 ) -> ApiResult<StatusCode> {
-    s.engine
-        .reset_password(&auth.caller, &username, &body.password)
-        .await?;
+    match &body.current_password {
+        Some(current) => {
+            s.engine
+                .change_own_password(
+                    &auth.caller,
+                    &username,
+                    current,
+                    &body.password,
+                    addr.as_deref(),
+                )
+                .await?
+        }
+        None => {
+            s.engine
+                .reset_password(&auth.caller, &username, &body.password)
+                .await?
+        }
+    };
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -602,6 +602,79 @@ async fn an_administrator_resets_a_password_and_ends_every_session_of_that_user(
     app.get("/api/v1/me", Some(&carol)).await.expect(200);
 }
 
+#[tokio::test]
+async fn a_user_changes_their_own_password_and_keeps_only_the_session_asking() {
+    let app = TestApp::new().await;
+    let bob = app.user("bob").await;
+    let bob_elsewhere = app.sign_in("bob", "bob-password").await;
+    let carol = app.user("carol").await;
+    let change = |token: Option<String>, who: &'static str, body: Value| {
+        let app = &app;
+        async move {
+            app.call(
+                Method::PUT,
+                &format!("/api/v1/users/{who}/password"),
+                token.as_deref(),
+                Some(body),
+            )
+            .await
+        }
+    };
+    let asked = |current: &str| json!({"password": "bob-new-password", "currentPassword": current});
+    change(None, "bob", asked("bob-password")).await.expect(401);
+    // A wrong current password is 403: the caller's session is fine.
+    let r = change(Some(bob.clone()), "bob", asked("not-bobs-password"))
+        .await
+        .expect(403);
+    assert_eq!(r.json()["type"], "forbidden");
+    // Without it, only an administrator may set a password.
+    change(
+        Some(bob.clone()),
+        "bob",
+        json!({"password": "bob-new-password"}),
+    )
+    .await
+    .expect(403);
+    // Another user's, even knowing it, is not theirs to change.
+    change(Some(carol.clone()), "bob", asked("bob-password"))
+        .await
+        .expect(403);
+    change(
+        Some(bob.clone()),
+        "bob",
+        json!({"password": "short", "currentPassword": "bob-password"}),
+    )
+    .await
+    .expect(400);
+    // Nothing changed so far.
+    app.get("/api/v1/me", Some(&bob_elsewhere))
+        .await
+        .expect(200);
+    app.sign_in("bob", "bob-password").await;
+
+    change(Some(bob.clone()), "bob", asked("bob-password"))
+        .await
+        .expect(204);
+    app.get("/api/v1/me", Some(&bob)).await.expect(200);
+    app.get("/api/v1/me", Some(&bob_elsewhere))
+        .await
+        .expect(401);
+    app.call(
+        Method::POST,
+        "/api/v1/sessions",
+        None,
+        Some(json!({"username": "bob", "password": "bob-password"})),
+    )
+    .await
+    .expect(401);
+    app.sign_in("bob", "bob-new-password").await;
+    app.get("/api/v1/me", Some(&carol)).await.expect(200);
+    // The old password is no longer the current one.
+    change(Some(bob.clone()), "bob", asked("bob-password"))
+        .await
+        .expect(403);
+}
+
 /// A request as a browser's navigation sends it.
 async fn navigate(app: &TestApp, path: &str) -> Reply {
     app.call_with(
