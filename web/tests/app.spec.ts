@@ -378,6 +378,28 @@ test('an administrator declares a text index; search finds what each may read an
   await expect(carol.page.getByRole('heading', { level: 1, name: 'Sign in to Tarn' })).toBeVisible();
   carol.password = 'carol-second-pw';
   await signIn(carol);
+  // She changes it herself, from her account page (her name in the header).
+  const elsewhere = await newPerson(browser, 'carol', 'carol-second-pw');
+  await signIn(elsewhere);
+  await carol.page.getByRole('link', { name: /carol\s*: your account/ }).click();
+  await expect(carol.page.getByRole('heading', { level: 1, name: 'Your account' })).toBeVisible();
+  await carol.page.getByLabel('Current password').fill('not-her-password');
+  await carol.page.getByLabel('New password').fill('carol-third-pw');
+  await carol.page.getByRole('button', { name: 'Change password' }).click();
+  await expect(carol.page.getByRole('alert')).toContainText('current password is wrong');
+  await carol.page.getByLabel('Current password').fill('carol-second-pw');
+  await carol.page.getByLabel('New password').fill('carol-third-pw');
+  await carol.page.getByRole('button', { name: 'Change password' }).click();
+  await expect(carol.page.getByRole('status')).toContainText('Your password is changed');
+  await check(carol.page, '17b-account');
+  // This session goes on; the other one has ended; the new password signs in.
+  await carol.page.reload();
+  await expect(carol.page.getByRole('heading', { level: 1, name: 'Your account' })).toBeVisible();
+  await elsewhere.page.reload();
+  await expect(elsewhere.page.getByRole('heading', { level: 1, name: 'Sign in to Tarn' })).toBeVisible();
+  elsewhere.password = 'carol-third-pw';
+  await signIn(elsewhere);
+  await elsewhere.context.close();
   await carol.context.close();
 
   // Health: the key figures, read from /metrics.
