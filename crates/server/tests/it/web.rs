@@ -553,16 +553,7 @@ async fn an_administrator_resets_a_password_and_ends_every_session_of_that_user(
     );
     let carol = app.user("carol").await;
     let reset = |token: Option<String>, who: &'static str, password: &'static str| {
-        let app = &app;
-        async move {
-            app.call(
-                Method::PUT,
-                &format!("/api/v1/users/{who}/password"),
-                token.as_deref(),
-                Some(json!({"password": password})),
-            )
-            .await
-        }
+        put_password(&app, token, who, json!({"password": password}))
     };
     reset(None, "bob", "new-password-1").await.expect(401);
     reset(Some(carol.clone()), "bob", "new-password-1")
@@ -588,14 +579,7 @@ async fn an_administrator_resets_a_password_and_ends_every_session_of_that_user(
     )
     .await
     .expect(401);
-    app.call(
-        Method::POST,
-        "/api/v1/sessions",
-        None,
-        Some(json!({"username": "bob", "password": "bob-password"})),
-    )
-    .await
-    .expect(401);
+    refused_sign_in(&app, "bob", "bob-password").await;
     let bob = app.sign_in("bob", "new-password-1").await;
     app.get("/api/v1/me", Some(&bob)).await.expect(200);
     // Other users keep their sessions.
@@ -609,16 +593,7 @@ async fn a_user_changes_their_own_password_and_keeps_only_the_session_asking() {
     let bob_elsewhere = app.sign_in("bob", "bob-password").await;
     let carol = app.user("carol").await;
     let change = |token: Option<String>, who: &'static str, body: Value| {
-        let app = &app;
-        async move {
-            app.call(
-                Method::PUT,
-                &format!("/api/v1/users/{who}/password"),
-                token.as_deref(),
-                Some(body),
-            )
-            .await
-        }
+        put_password(&app, token, who, body)
     };
     let asked = |current: &str| json!({"password": "bob-new-password", "currentPassword": current});
     change(None, "bob", asked("bob-password")).await.expect(401);
@@ -659,20 +634,36 @@ async fn a_user_changes_their_own_password_and_keeps_only_the_session_asking() {
     app.get("/api/v1/me", Some(&bob_elsewhere))
         .await
         .expect(401);
-    app.call(
-        Method::POST,
-        "/api/v1/sessions",
-        None,
-        Some(json!({"username": "bob", "password": "bob-password"})),
-    )
-    .await
-    .expect(401);
+    refused_sign_in(&app, "bob", "bob-password").await;
     app.sign_in("bob", "bob-new-password").await;
     app.get("/api/v1/me", Some(&carol)).await.expect(200);
     // The old password is no longer the current one.
     change(Some(bob.clone()), "bob", asked("bob-password"))
         .await
         .expect(403);
+}
+
+/// `PUT /api/v1/users/{who}/password` with this body.
+async fn put_password(app: &TestApp, token: Option<String>, who: &str, body: Value) -> Reply {
+    app.call(
+        Method::PUT,
+        &format!("/api/v1/users/{who}/password"),
+        token.as_deref(),
+        Some(body),
+    )
+    .await
+}
+
+/// A sign-in with this password is refused.
+async fn refused_sign_in(app: &TestApp, username: &str, password: &str) {
+    app.call(
+        Method::POST,
+        "/api/v1/sessions",
+        None,
+        Some(json!({"username": username, "password": password})),
+    )
+    .await
+    .expect(401);
 }
 
 /// A request as a browser's navigation sends it.
