@@ -275,6 +275,7 @@ impl Engine {
         if acl.len() > MAX_GRANTS {
             return Err(too_many_grants());
         }
+        check_managers(&acl)?;
         let id = crate::new_id();
         let bucket = schema::kind_bucket(&id);
         let stamp_key = schema::stamp_key(kind, bucket);
@@ -422,6 +423,7 @@ impl Engine {
                 "an ACL needs at least one manager".into(),
             ));
         }
+        check_managers(&acl)?;
         let acl = normalise_acl(acl);
         if acl.len() > MAX_GRANTS {
             return Err(too_many_grants());
@@ -594,6 +596,23 @@ impl Engine {
             Ok(())
         })
         .await
+    }
+}
+
+/// Refuses an ACL that makes `everyone` or `authenticated` a manager:
+/// anyone could then delete the item or take it from its owners, as no
+/// group lets them manage it either.
+fn check_managers(acl: &[Grant]) -> Result<()> {
+    let open = acl.iter().find(|g| {
+        g.role == Role::Manager
+            && matches!(g.principal, Principal::Everyone | Principal::Authenticated)
+    });
+    match open {
+        Some(g) => Err(EngineError::InvalidInput(format!(
+            "{} may be a viewer or an editor, not a manager: managers are users or groups",
+            g.principal
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -278,29 +278,33 @@ impl<S: Send + Sync> FromRequestParts<S> for LinkKey {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<LinkKey> {
-        let header = match parts.headers.get(LINK_KEY_HEADER) {
-            Some(v) => Some(
-                v.to_str()
-                    .map_err(|_| ApiError::invalid("Tarn-Link-Key is not text"))?
-                    .to_string(),
-            ),
-            None => None,
-        };
-        let query = parts.uri.query().unwrap_or("");
-        let mut keys: Vec<String> = serde_urlencoded_pairs(query)?
-            .into_iter()
-            .filter(|(k, _)| k == "key")
-            .map(|(_, v)| v)
-            .collect();
-        if keys.len() > 1 {
-            return Err(ApiError::invalid("key is given twice"));
+        let mut keys = Vec::new();
+        for v in parts.headers.get_all(LINK_KEY_HEADER) {
+            let v = v
+                .to_str()
+                .map_err(|_| ApiError::invalid("Tarn-Link-Key is not text"))?;
+            keys.push(v.to_string());
         }
-        // Every key presented must look like one: a malformed key is the
+        let query = parts.uri.query().unwrap_or("");
+        keys.extend(
+            serde_urlencoded_pairs(query)?
+                .into_iter()
+                .filter(|(k, _)| k == "key")
+                .map(|(_, v)| v),
+        );
+        // Two keys, in the query, the header or both, are refused: which
+        // one was meant cannot be told, as with two `Authorization`s.
+        if keys.len() > 1 {
+            return Err(ApiError::invalid(
+                "a link key is given twice (?key= and Tarn-Link-Key count together)",
+            ));
+        }
+        // A key presented must look like one: a malformed key is the
         // caller's mistake even when their own role would do.
-        if let Some(bad) = header.iter().chain(&keys).find(|k| !is_token(k)) {
+        if let Some(bad) = keys.iter().find(|k| !is_token(k)) {
             return Err(ApiError::invalid(format!("{bad:?} is not a link key")));
         }
-        Ok(LinkKey(header.or_else(|| keys.pop())))
+        Ok(LinkKey(keys.pop()))
     }
 }
 

@@ -193,6 +193,14 @@ fn acl_of(creator: Option<usize>, grants: &[(Who, Role)]) -> BTreeMap<Who, Role>
     acl
 }
 
+/// Whether grants make `everyone` or `authenticated` a manager, which
+/// the engine refuses.
+fn opens_management(grants: &[(Who, Role)]) -> bool {
+    grants
+        .iter()
+        .any(|(w, r)| *r == Role::Manager && matches!(w, Who::Authenticated | Who::Everyone))
+}
+
 fn to_grants(grants: &[(Who, Role)]) -> Vec<Grant> {
     grants
         .iter()
@@ -296,15 +304,19 @@ async fn apply(engine: &Engine, model: &mut Model, op: &Op) {
                 Some(n) => json!({ "n": n }),
                 None => json!({}),
             };
-            let view = engine
+            let r = engine
                 .create_item(
                     &caller(Some(*by)),
                     KINDS[*kind],
                     common::props(props),
                     to_grants(grants),
                 )
-                .await
-                .unwrap();
+                .await;
+            if opens_management(grants) {
+                assert_eq!(outcome(&r), Outcome::Invalid, "{op:?}: {r:?}");
+                return;
+            }
+            let view = r.unwrap();
             assert_eq!(view.item.version, 1);
             let modified = model.tick();
             model.items.push(ModelItem {
@@ -347,7 +359,7 @@ async fn apply(engine: &Engine, model: &mut Model, op: &Op) {
             }
             let i = item % model.items.len();
             let has_manager = grants.iter().any(|(_, r)| *r == Role::Manager);
-            let want = if !has_manager {
+            let want = if !has_manager || opens_management(grants) {
                 Outcome::Invalid
             } else {
                 item_outcome(model, *by, &model.items[i], Role::Manager)

@@ -595,6 +595,30 @@ async fn acl_and_links() {
         .await
         .expect(400);
     assert!(r.json()["detail"].as_str().unwrap().contains("manager"));
+    // `everyone` or `authenticated` as a manager would let anyone delete
+    // the item or take it from its owners: refused, on a create too
+    // (found by a hostile-client probe; groups refused it already).
+    for open in ["everyone", "authenticated"] {
+        let acl = json!([{"principal": open, "role": "manager"}]);
+        let r = app
+            .call(
+                Method::PUT,
+                &acl_path,
+                Some(&alice),
+                Some(json!({"acl": acl})),
+            )
+            .await
+            .expect(400);
+        assert!(r.json()["detail"].as_str().unwrap().contains(open));
+        let create = json!({"kind": "doc", "acl": acl});
+        app.call(Method::POST, "/api/v1/items", Some(&alice), Some(create))
+            .await
+            .expect(400);
+        let create = json!({"kind": "note", "acl": [{"principal": open, "role": "editor"}]});
+        app.call(Method::POST, "/api/v1/items", Some(&alice), Some(create))
+            .await
+            .expect(201);
+    }
     app.call(
         Method::PUT,
         &acl_path,
@@ -677,6 +701,29 @@ async fn acl_and_links() {
         .await
         .expect(200);
     assert_eq!(r.json()["role"], "viewer");
+    // Two keys, in the header twice or in both places, are refused
+    // whichever is good: before, the header won, so header order decided
+    // (found by a hostile-client probe).
+    for (query, headers) in [
+        (format!("?key={key}"), vec![("tarn-link-key", "nosuchkey")]),
+        ("?key=nosuchkey".to_string(), vec![("tarn-link-key", key)]),
+        (
+            String::new(),
+            vec![("tarn-link-key", key), ("tarn-link-key", key)],
+        ),
+    ] {
+        let r = app
+            .call_with(
+                Method::GET,
+                &format!("/api/v1/items/{id}{query}"),
+                None,
+                None,
+                &headers,
+            )
+            .await
+            .expect(400);
+        assert!(r.json()["detail"].as_str().unwrap().contains("given twice"));
+    }
     // What a key opens is its holder's: no shared cache may keep it
     // (found by an audit: a proxy could hand it to callers without one).
     let encoded = app
