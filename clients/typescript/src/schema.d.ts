@@ -553,7 +553,7 @@ export interface components {
     schemas: {
         /** @description A new ACL. */
         Acl: {
-            /** @description The grants; at least one gives manager */
+            /** @description The grants; at least one gives manager, and never to everyone or authenticated */
             acl: components["schemas"]["Grant"][];
         };
         /** @description An item's body, as its item describes it. */
@@ -848,7 +848,11 @@ export interface components {
         };
         /** @description A new item. */
         NewItem: {
-            /** @description Grants besides the creator's, who is always a manager. */
+            /**
+             * @description Grants besides the creator's, who is always a manager.
+             *     `everyone` and `authenticated` may be viewers or editors, never
+             *     managers.
+             */
             acl?: components["schemas"]["Grant"][] | null;
             /** @description What sort of item. */
             kind: components["schemas"]["Name"];
@@ -2155,7 +2159,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= */
+                /** @description A link key of this item, instead of ?key= (two keys are 400) */
                 "Tarn-Link-Key"?: string;
             };
             path: {
@@ -2226,7 +2230,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= */
+                /** @description A link key of this item, instead of ?key= (two keys are 400) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
@@ -2313,7 +2317,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= */
+                /** @description A link key of this item, instead of ?key= (two keys are 400) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
@@ -2427,7 +2431,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= */
+                /** @description A link key of this item, instead of ?key= (two keys are 400) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
@@ -2540,7 +2544,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= */
+                /** @description A link key of this item, instead of ?key= (two keys are 400) */
                 "Tarn-Link-Key"?: string;
                 /** @description One byte range: `bytes=a-b`, `bytes=a-` or `bytes=-n` answers 206; several ranges, another unit or a header that is no valid range answer the whole body; a range past the end answers 416 */
                 Range?: string;
@@ -2645,7 +2649,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= */
+                /** @description A link key of this item, instead of ?key= (two keys are 400) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
@@ -2759,7 +2763,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= */
+                /** @description A link key of this item, instead of ?key= (two keys are 400) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
@@ -2879,7 +2883,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= */
+                /** @description A link key of this item, instead of ?key= (two keys are 400) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;

@@ -600,8 +600,8 @@ impl Engine {
 }
 
 /// Refuses an ACL that makes `everyone` or `authenticated` a manager:
-/// anyone could then delete the item or take it from its owners, as no
-/// group lets them manage it either.
+/// anyone could then delete the item or take it from its owners. (A
+/// group's managers are users or groups too.)
 fn check_managers(acl: &[Grant]) -> Result<()> {
     let open = acl.iter().find(|g| {
         g.role == Role::Manager

@@ -881,7 +881,9 @@ fn check_time(whose: &str, micros: i64) -> Result<()> {
     }
 }
 
-/// Refuses an item no write of the API could have made.
+/// Refuses an item no write of the API could have made (except a grant
+/// of manager to `everyone` or `authenticated`, which writes before
+/// 2026-12-03 made).
 fn check_item(engine: &Engine, item: &Item) -> Result<()> {
     engine.check_properties(item.properties.map())?;
     crate::model::check_name("username", &item.created_by)?;

@@ -334,7 +334,9 @@ impl IntoParams for LinkKey {
                 .name("Tarn-Link-Key")
                 .parameter_in(ParameterIn::Header)
                 .required(Required::False)
-                .description(Some("A link key of this item, instead of ?key="))
+                .description(Some(
+                    "A link key of this item, instead of ?key= (two keys are 400)",
+                ))
                 .schema(Some(key()))
                 .build(),
         ]

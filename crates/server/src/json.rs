@@ -532,6 +532,8 @@ pub struct NewItem {
     #[schema(value_type = Object, nullable = true)]
     pub properties: Map<String, Value>,
     /// Grants besides the creator's, who is always a manager.
+    /// `everyone` and `authenticated` may be viewers or editors, never
+    /// managers.
     #[serde(default, deserialize_with = "null_as_absent")]
     #[schema(max_items = 256, nullable = true)]
     pub acl: Vec<Grant>,
@@ -550,7 +552,8 @@ pub struct ItemPatch {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Acl {
-    /// The grants; at least one is a manager's.
+    /// The grants; at least one is a manager's, and `everyone` and
+    /// `authenticated` are never managers.
     #[schema(schema_with = acl_with_a_manager)]
     pub acl: Vec<Grant>,
 }
@@ -561,7 +564,9 @@ fn acl_with_a_manager() -> ArrayBuilder {
         .items(Ref::from_schema_name("Grant"))
         .min_items(Some(1))
         .max_items(Some(MAX_GRANTS))
-        .description(Some("The grants; at least one gives manager"))
+        .description(Some(
+            "The grants; at least one gives manager, and never to everyone or authenticated",
+        ))
         .extensions(Some(keywords([(
             "contains",
             json!({"type": "object", "required": ["role"], "properties": {"role": {"const": "manager"}}}),

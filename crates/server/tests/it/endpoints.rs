@@ -611,9 +611,14 @@ async fn acl_and_links() {
             .expect(400);
         assert!(r.json()["detail"].as_str().unwrap().contains(open));
         let create = json!({"kind": "doc", "acl": acl});
-        app.call(Method::POST, "/api/v1/items", Some(&alice), Some(create))
+        let r = app
+            .call(Method::POST, "/api/v1/items", Some(&alice), Some(create))
             .await
             .expect(400);
+        assert!(r.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("not a manager"));
         let create = json!({"kind": "note", "acl": [{"principal": open, "role": "editor"}]});
         app.call(Method::POST, "/api/v1/items", Some(&alice), Some(create))
             .await
