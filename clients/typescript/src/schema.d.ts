@@ -2159,7 +2159,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= (two keys are 400) */
+                /** @description A link key of this item, instead of ?key= (this one wins) */
                 "Tarn-Link-Key"?: string;
             };
             path: {
@@ -2230,7 +2230,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= (two keys are 400) */
+                /** @description A link key of this item, instead of ?key= (this one wins) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
@@ -2317,7 +2317,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= (two keys are 400) */
+                /** @description A link key of this item, instead of ?key= (this one wins) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
@@ -2431,7 +2431,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= (two keys are 400) */
+                /** @description A link key of this item, instead of ?key= (this one wins) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
@@ -2544,7 +2544,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= (two keys are 400) */
+                /** @description A link key of this item, instead of ?key= (this one wins) */
                 "Tarn-Link-Key"?: string;
                 /** @description One byte range: `bytes=a-b`, `bytes=a-` or `bytes=-n` answers 206; several ranges, another unit or a header that is no valid range answer the whole body; a range past the end answers 416 */
                 Range?: string;
@@ -2649,7 +2649,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= (two keys are 400) */
+                /** @description A link key of this item, instead of ?key= (this one wins) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
@@ -2763,7 +2763,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= (two keys are 400) */
+                /** @description A link key of this item, instead of ?key= (this one wins) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;
@@ -2883,7 +2883,7 @@ export interface operations {
                 key?: string;
             };
             header?: {
-                /** @description A link key of this item, instead of ?key= (two keys are 400) */
+                /** @description A link key of this item, instead of ?key= (this one wins) */
                 "Tarn-Link-Key"?: string;
                 /** @description Change only if the item is at this version: its ETag (`"3"`), or the bare version (`3`); `*` means any; a list matches if any of its tags does; a weak tag (`W/"3"`), or one this server never gives (`"abc"`), never matches (412) */
                 "If-Match"?: string;

@@ -278,33 +278,34 @@ impl<S: Send + Sync> FromRequestParts<S> for LinkKey {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> ApiResult<LinkKey> {
-        let mut keys = Vec::new();
+        let mut headers = Vec::new();
         for v in parts.headers.get_all(LINK_KEY_HEADER) {
             let v = v
                 .to_str()
                 .map_err(|_| ApiError::invalid("Tarn-Link-Key is not text"))?;
-            keys.push(v.to_string());
+            headers.push(v.to_string());
         }
         let query = parts.uri.query().unwrap_or("");
-        keys.extend(
-            serde_urlencoded_pairs(query)?
-                .into_iter()
-                .filter(|(k, _)| k == "key")
-                .map(|(_, v)| v),
-        );
-        // Two keys, in the query, the header or both, are refused: which
-        // one was meant cannot be told, as with two `Authorization`s.
-        if keys.len() > 1 {
-            return Err(ApiError::invalid(
-                "a link key is given twice (?key= and Tarn-Link-Key count together)",
-            ));
+        let mut keys: Vec<String> = serde_urlencoded_pairs(query)?
+            .into_iter()
+            .filter(|(k, _)| k == "key")
+            .map(|(_, v)| v)
+            .collect();
+        // Two keys in one place are refused: which was meant cannot be
+        // told, as with two `Authorization`s. (The header wins over the
+        // query, as OpenAPI lets a client send both.)
+        if headers.len() > 1 {
+            return Err(ApiError::invalid("Tarn-Link-Key is given twice"));
         }
-        // A key presented must look like one: a malformed key is the
+        if keys.len() > 1 {
+            return Err(ApiError::invalid("key is given twice"));
+        }
+        // Every key presented must look like one: a malformed key is the
         // caller's mistake even when their own role would do.
-        if let Some(bad) = keys.iter().find(|k| !is_token(k)) {
+        if let Some(bad) = headers.iter().chain(&keys).find(|k| !is_token(k)) {
             return Err(ApiError::invalid(format!("{bad:?} is not a link key")));
         }
-        Ok(LinkKey(keys.pop()))
+        Ok(LinkKey(headers.pop().or_else(|| keys.pop())))
     }
 }
 
@@ -335,7 +336,7 @@ impl IntoParams for LinkKey {
                 .parameter_in(ParameterIn::Header)
                 .required(Required::False)
                 .description(Some(
-                    "A link key of this item, instead of ?key= (two keys are 400)",
+                    "A link key of this item, instead of ?key= (this one wins)",
                 ))
                 .schema(Some(key()))
                 .build(),
