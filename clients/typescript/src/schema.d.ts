@@ -305,7 +305,8 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /** An item's links, without their keys (managers) */
+        get: operations["listLinks"];
         put?: never;
         /** Make a link key (managers) */
         post: operations["createLink"];
@@ -325,7 +326,7 @@ export interface paths {
         get?: never;
         put?: never;
         post?: never;
-        /** Remove a link key (managers) */
+        /** Remove a link, named by its key or its id (managers) */
         delete: operations["deleteLink"];
         options?: never;
         head?: never;
@@ -800,8 +801,26 @@ export interface components {
         };
         /** @description A link key, shown once. */
         Link: {
+            /** @description The link's id, as `listLinks` gives it (the hex SHA-256 of `key`). */
+            id: string;
             /** @description Present it as `?key=` or `Tarn-Link-Key`. */
             key: string;
+            /** @description What it gives. */
+            role: components["schemas"]["LinkRole"];
+        };
+        /** @description A link as its item's managers see it: never its key. */
+        LinkEntry: {
+            /**
+             * Format: date-time
+             * @description When it was made; `null` for a link made before links kept their
+             *     time.
+             */
+            createdAt: string | null;
+            /**
+             * @description Names the link to revoke it (`DELETE .../links/{id}`): the hex
+             *     SHA-256 of its key, which does not open the item.
+             */
+            id: string;
             /** @description What it gives. */
             role: components["schemas"]["LinkRole"];
         };
@@ -810,6 +829,14 @@ export interface components {
          * @enum {string}
          */
         LinkRole: "viewer" | "editor";
+        /**
+         * @description An item's links, the newest first: at most a hundred (an item holds no
+         *     more), so never paged.
+         */
+        Links: {
+            /** @description The links. */
+            links: components["schemas"]["LinkEntry"][];
+        };
         /** @description The caller and every group they belong to. */
         Me: {
             /** @description Whether the caller is an administrator. */
@@ -2756,6 +2783,84 @@ export interface operations {
             };
         };
     };
+    listLinks: {
+        parameters: {
+            query?: {
+                /** @description A link key of this item */
+                key?: string;
+            };
+            header?: {
+                /** @description A link key of this item, instead of ?key= (this one wins) */
+                "Tarn-Link-Key"?: string;
+            };
+            path: {
+                /** @description The item's id. */
+                id: components["schemas"]["Id"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The item's links, the newest first */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Links"];
+                };
+            };
+            /** @description Bad Request: `invalid-input` or `no-index` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized: `unauthenticated` */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden: `forbidden` */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found: `not-found` */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable: `index-building` or `unavailable` */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     createLink: {
         parameters: {
             query?: {
@@ -2891,7 +2996,7 @@ export interface operations {
             path: {
                 /** @description The item's id. */
                 id: components["schemas"]["Id"];
-                /** @description The link's key. */
+                /** @description The link's key, or its `id` as `listLinks` gives it. */
                 key: components["schemas"]["Id"];
             };
             cookie?: never;

@@ -6,6 +6,7 @@
 //! its index rows, guarded on the item row's revision (a create: on its kind
 //! bucket, see [`indexes`](crate::indexes)).
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tarn_store::{Batch, Expect, Key, ReadResult, Row, Scan, Snapshot, StoreError};
 
@@ -98,6 +99,71 @@ pub(crate) fn plausible_id(id: &str) -> bool {
 }
 
 /// The store key of a link, if the key could be one at all.
+/// A link as its manager sees it: never its key, which only its holders
+/// know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkInfo {
+    /// The SHA-256 of the key, hex: names the link to revoke it.
+    pub id: String,
+    /// What the link gives.
+    pub role: Role,
+    /// When it was made (microseconds since the Unix epoch); `None` for a
+    /// link made before links kept their time (2026-12-03).
+    pub created_at: Option<i64>,
+}
+
+/// The id of the link whose key is `key`, as [`Engine::links`] names it.
+pub fn link_id(key: &str) -> String {
+    crate::transfer::hex(&crate::sha256(key.as_bytes()))
+}
+
+/// A link's row: what it gives and when it was made. Links made before
+/// 2026-12-03 stored the role alone (`"viewer"`), and read as such.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum LinkRow {
+    /// What links have stored since 2026-12-03.
+    Made {
+        role: Role,
+        #[serde(rename = "createdAt")]
+        created_at: i64,
+    },
+    /// The role alone, as older links have it.
+    Role(Role),
+}
+
+impl LinkRow {
+    pub(crate) fn decode(row: &Row) -> Result<LinkRow> {
+        schema::decode("link", row)
+    }
+
+    pub(crate) fn role(&self) -> Role {
+        match self {
+            LinkRow::Made { role, .. } | LinkRow::Role(role) => *role,
+        }
+    }
+
+    pub(crate) fn created_at(&self) -> Option<i64> {
+        match self {
+            LinkRow::Made { created_at, .. } => Some(*created_at),
+            LinkRow::Role(_) => None,
+        }
+    }
+}
+
+/// The row of the link `key` names: the key itself, or the link's id (the
+/// 64 hex digits of its key's SHA-256, which no key the server makes is).
+fn link_row_named(id: &str, key: &str) -> Option<Key> {
+    let hash = (key.len() == 64)
+        .then(|| crate::transfer::unhex(key))
+        .flatten()
+        .filter(|h| h.len() == 32);
+    match hash {
+        Some(hash) => Some(schema::link_key_of_hash(id, &hash)),
+        None => link_row(id, Some(key)),
+    }
+}
+
 fn link_row(id: &str, link: Option<&str>) -> Option<Key> {
     link.filter(|k| !k.is_empty() && k.len() <= 256)
         .map(|k| schema::link_key(id, k))
@@ -122,8 +188,7 @@ impl Engine {
             stored.item.role_of(&actor.principals)
         };
         if let Some(Some(link)) = link_row {
-            let link_role: Role = schema::decode("link", link)?;
-            role = role.max(Some(link_role));
+            role = role.max(Some(LinkRow::decode(link)?.role()));
         }
         let role = role.ok_or_else(|| not_found(id))?;
         Ok(Access {
@@ -522,18 +587,9 @@ impl Engine {
         let key = b64(&random_bytes::<24>());
         let links = schema::item_and_links_scan(id, MAX_LINKS);
         self.retrying(|| async {
-            let mut snap = self.snapshot().await?;
-            let (_, a, _, own) = self
-                .read_item_for(
-                    &mut snap,
-                    caller,
-                    ItemWant::read(id, link),
-                    &[],
-                    std::slice::from_ref(&links),
-                )
+            let (a, own) = self
+                .read_links(caller, id, link, &links, "making links")
                 .await?;
-            drop(snap);
-            self.require_role(&a, Role::Manager, "making links")?;
             check_version(&a.item, if_match)?;
             if links_at(&own.scans[0], a.rev)?.len() >= MAX_LINKS {
                 return Err(EngineError::Conflict(format!(
@@ -546,7 +602,11 @@ impl Engine {
             // once one is counted again, which keeps an item to its bound.
             let item = schema::item_key(id);
             let mut b = Batch::new();
-            b.put(schema::link_key(id, &key), schema::encode(&role), 1)
+            let row = LinkRow::Made {
+                role,
+                created_at: self.now(),
+            };
+            b.put(schema::link_key(id, &key), schema::encode(&row), 1)
                 .guard(item.clone(), Expect::Version(a.rev))
                 .put(item, schema::encode_item(&a.item, a.stamp), a.rev + 1);
             self.store().write(b).await?;
@@ -556,9 +616,72 @@ impl Engine {
         Ok(key)
     }
 
-    /// Removes the link key `key` (managers). `link`: a key presented with
-    /// the request, as for [`Engine::set_acl`]; `if_match`: the item's
-    /// version the caller expects.
+    /// The item and its links as `links` (an [`schema::item_and_links_scan`])
+    /// reads them, in one snapshot, for a manager `doing` something with
+    /// them.
+    async fn read_links(
+        &self,
+        caller: &Caller,
+        id: &str,
+        link: Option<&str>,
+        links: &Scan,
+        doing: &str,
+    ) -> Result<(Access, ReadResult)> {
+        let mut snap = self.snapshot().await?;
+        let (_, a, _, own) = self
+            .read_item_for(
+                &mut snap,
+                caller,
+                ItemWant::read(id, link),
+                &[],
+                std::slice::from_ref(links),
+            )
+            .await?;
+        drop(snap);
+        self.require_role(&a, Role::Manager, doing)?;
+        Ok((a, own))
+    }
+
+    /// The item's links (managers), the newest first (those from before
+    /// links kept their time last), by id on a tie. `link`: a key presented
+    /// with the request, as for [`Engine::set_acl`].
+    pub async fn links(
+        &self,
+        caller: &Caller,
+        id: &str,
+        link: Option<&str>,
+    ) -> Result<Vec<LinkInfo>> {
+        // Past the bound, for the links that versions before 2026-11-28
+        // let pass it: so that each can be seen and revoked.
+        let links = schema::item_and_links_scan(id, LINKS_DELETED);
+        self.retrying(|| async {
+            let (a, own) = self
+                .read_links(caller, id, link, &links, "seeing links")
+                .await?;
+            let mut out = links_at(&own.scans[0], a.rev)?
+                .iter()
+                .map(|row| {
+                    let made = LinkRow::decode(row)?;
+                    Ok(LinkInfo {
+                        id: crate::transfer::hex(&row.clustering[1..]),
+                        role: made.role(),
+                        created_at: made.created_at(),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            out.sort_by(|x, y| {
+                y.created_at
+                    .cmp(&x.created_at)
+                    .then_with(|| x.id.cmp(&y.id))
+            });
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Removes the link `key` names, its key or its id (managers). `link`:
+    /// a key presented with the request, as for [`Engine::set_acl`];
+    /// `if_match`: the item's version the caller expects.
     pub async fn delete_link(
         &self,
         caller: &Caller,
@@ -567,7 +690,7 @@ impl Engine {
         key: &str,
         if_match: Option<u64>,
     ) -> Result<()> {
-        let Some(k) = link_row(id, Some(key)) else {
+        let Some(k) = link_row_named(id, key) else {
             return Err(EngineError::NotFound("no such link".into()));
         };
         self.retrying(|| async {
@@ -636,5 +759,40 @@ pub(crate) fn check_version(item: &Item, if_match: Option<u64>) -> Result<()> {
             current: item.version,
         }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(value: &[u8]) -> Row {
+        Row {
+            clustering: vec![b'l'],
+            value: value.to_vec(),
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn link_rows_read_with_their_time_and_without() {
+        let old = LinkRow::decode(&row(br#""editor""#)).unwrap();
+        assert_eq!((old.role(), old.created_at()), (Role::Editor, None));
+        let made = LinkRow::Made {
+            role: Role::Viewer,
+            created_at: 7,
+        };
+        let new = LinkRow::decode(&row(&schema::encode(&made))).unwrap();
+        assert_eq!((new.role(), new.created_at()), (Role::Viewer, Some(7)));
+        assert!(LinkRow::decode(&row(br#"{"role":"viewer"}"#)).is_err());
+    }
+
+    #[test]
+    fn a_link_is_named_by_its_key_or_its_id() {
+        let key = "eRXW0WK3KQOxUooepKFfmb4flLesGxlj";
+        let by_key = link_row_named("i", key).unwrap();
+        let id = link_id(key);
+        assert_eq!(link_row_named("i", &id).unwrap(), by_key);
+        assert_ne!(link_row_named("i", &id[1..]), Some(by_key));
     }
 }

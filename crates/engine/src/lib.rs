@@ -48,7 +48,7 @@ pub use changes::{Change, ChangeOp, ChangePage, Event, Subscription, POLL};
 pub use error::{EngineError, Result};
 pub use groups::MemberPage;
 pub use indexes::{written_field, Heads, IndexDef, IndexState, Readers, SortField, TextField};
-pub use items::{FOREIGN_TAG, WEAK_TAG};
+pub use items::{link_id, LinkInfo, FOREIGN_TAG, WEAK_TAG};
 pub use keys::Order;
 pub use listing::{ListQuery, Page, Scope};
 pub use model::{

@@ -25,6 +25,7 @@ use tarn_store::{Batch, Expect, Key, Row, Scan, SnapshotExt, StoreError};
 use crate::actor::Admit;
 use crate::error::{EngineError, Result};
 use crate::indexes::{IndexDef, IndexState};
+use crate::items::LinkRow;
 use crate::schema::{self, ItemRow, BLOBS, GROUPS, INDEX_DEFS, ITEMS, MEMBERS, META, USERS};
 use crate::{b64, unb64, Engine, Group, Item, Principal, Role, User};
 
@@ -78,6 +79,11 @@ pub enum Record {
         hash: String,
         /// What the link gives.
         role: Role,
+        /// When it was made, microseconds since the Unix epoch (absent for
+        /// a link made before links kept their time, and in exports from
+        /// before 2026-12-03).
+        #[serde(default, rename = "createdAt", skip_serializing_if = "Option::is_none")]
+        created_at: Option<i64>,
     },
     /// The last record: how many of each type came before it, so a file
     /// cut short is refused rather than imported in part.
@@ -119,11 +125,11 @@ impl Moved {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unhex(s: &str) -> Option<Vec<u8>> {
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
     }
@@ -184,12 +190,13 @@ impl Engine {
                             .await?;
                     }
                 } else if table == ITEMS && key.clustering.first() == Some(&b'l') {
-                    let role: Role = schema::decode("link", &row)?;
+                    let made = LinkRow::decode(&row)?;
                     emit(
                         Record::Link {
                             item: text(&key.partition)?,
                             hash: hex(&key.clustering[1..]),
-                            role,
+                            role: made.role(),
+                            created_at: made.created_at(),
                         },
                         &mut moved,
                     )?;
@@ -569,7 +576,12 @@ impl Importer {
                     None => put_item(b, &defs, &item, self.engine.split()),
                 }
             }
-            Record::Link { item, hash, role } => {
+            Record::Link {
+                item,
+                hash,
+                role,
+                created_at,
+            } => {
                 if !matches!(role, Role::Viewer | Role::Editor) {
                     return Err(EngineError::InvalidInput(format!(
                         "a link of item {item} gives {}: links give viewer or editor",
@@ -581,7 +593,11 @@ impl Importer {
                 })?;
                 let key = schema::link_key_of_hash(&item, &hash);
                 fresh(&mut self.fresh, &key, "link", &format!("of item {item}"))?;
-                b.put(key, schema::encode(&role), 1);
+                let row = match created_at {
+                    Some(created_at) => LinkRow::Made { role, created_at },
+                    None => LinkRow::Role(role),
+                };
+                b.put(key, schema::encode(&row), 1);
             }
             Record::Chunk { .. } | Record::End { .. } => unreachable!("handled above"),
         }

@@ -607,6 +607,50 @@ pub struct Link<'a> {
     pub key: &'a str,
     /// What it gives.
     pub role: LinkRole,
+    /// The link's id, as `listLinks` gives it (the hex SHA-256 of `key`).
+    #[schema(pattern = "^[0-9a-f]{64}$")]
+    pub id: String,
+}
+
+/// A link as its item's managers see it: never its key.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkEntry<'a> {
+    /// Names the link to revoke it (`DELETE .../links/{id}`): the hex
+    /// SHA-256 of its key, which does not open the item.
+    #[schema(pattern = "^[0-9a-f]{64}$")]
+    pub id: &'a str,
+    /// What it gives.
+    pub role: LinkRole,
+    /// When it was made; `null` for a link made before links kept their
+    /// time.
+    #[schema(value_type = Option<String>, format = DateTime, required = true)]
+    pub created_at: Option<Time>,
+}
+
+/// An item's links, the newest first: at most a hundred (an item holds no
+/// more), so never paged.
+#[derive(Serialize, ToSchema)]
+pub struct Links<'a> {
+    /// The links.
+    pub links: Vec<LinkEntry<'a>>,
+}
+
+impl<'a> From<&'a [tarn_engine::LinkInfo]> for Links<'a> {
+    fn from(links: &'a [tarn_engine::LinkInfo]) -> Links<'a> {
+        let links = links
+            .iter()
+            .map(|l| LinkEntry {
+                id: &l.id,
+                role: match l.role {
+                    tarn_engine::Role::Editor => LinkRole::Editor,
+                    _ => LinkRole::Viewer,
+                },
+                created_at: l.created_at.map(Time),
+            })
+            .collect();
+        Links { links }
+    }
 }
 
 /// An item's body, as its item describes it.

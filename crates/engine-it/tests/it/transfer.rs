@@ -99,6 +99,10 @@ async fn view(e: &Engine, ids: &[String], link: &str, linked: &str) -> Vec<Strin
             .map(|v| v.role)
             .ok();
         out.push(format!("{who:?} link {via_link:?}"));
+        // What the link's manager sees of it (its id, role and time), and
+        // that nobody else sees it.
+        let links = e.links(who, linked, None).await.map_err(|e| e.to_string());
+        out.push(format!("{who:?} links {links:?}"));
         out.push(format!(
             "{who:?} me {:?}",
             e.me(who).await.map(|m| m.groups).ok()
@@ -427,7 +431,8 @@ async fn imports_refuse_bad_records() {
         .add(Record::Link {
             item: "i".into(),
             hash: "zz".into(),
-            role: Role::Viewer
+            role: Role::Viewer,
+            created_at: None,
         })
         .await
         .is_err());

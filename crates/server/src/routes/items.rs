@@ -234,8 +234,32 @@ pub async fn create_link(
         &json::Link {
             key: &key,
             role: body.role,
+            id: tarn_engine::link_id(&key),
         },
     ))
+}
+
+/// An item's links, without their keys (managers)
+#[utoipa::path(
+    get, path = "/api/v1/items/{id}/links", tag = "items", operation_id = "listLinks",
+    security((), ("bearer" = [])),
+    params(ItemPath, LinkKey),
+    responses(
+        (status = 200, description = "The item's links, the newest first", body = json::Links),
+        BadRequest, Unauthorized, Forbidden, NotFound, ServiceUnavailable,
+    ),
+)]
+pub async fn list_links(
+    State(s): State<AppState>,
+    auth: Auth,
+    LinkKey(presented): LinkKey,
+    Path(ItemPath { id }): Path<ItemPath>,
+) -> ApiResult<Response> {
+    let links = s
+        .engine
+        .links(&auth.caller, &id, presented.as_deref())
+        .await?;
+    Ok(reply(StatusCode::OK, &json::Links::from(&links[..])))
 }
 
 /// The path of a link.
@@ -245,12 +269,12 @@ pub struct LinkPath {
     /// The item's id.
     #[param(value_type = Id)]
     id: String,
-    /// The link's key.
+    /// The link's key, or its `id` as `listLinks` gives it.
     #[param(value_type = Id)]
     key: String,
 }
 
-/// Remove a link key (managers)
+/// Remove a link, named by its key or its id (managers)
 #[utoipa::path(
     delete, path = "/api/v1/items/{id}/links/{key}", tag = "items", operation_id = "deleteLink",
     security((), ("bearer" = [])),

@@ -46,7 +46,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(items::get, items::patch, items::delete))
         .routes(routes!(bodies::put, bodies::get))
         .routes(routes!(items::set_acl))
-        .routes(routes!(items::create_link))
+        .routes(routes!(items::create_link, items::list_links))
         .routes(routes!(items::delete_link))
         .routes(routes!(search::search))
         .routes(routes!(feed::changes))

@@ -820,6 +820,137 @@ async fn acl_and_links() {
     remove(&current).await.expect(204);
 }
 
+/// A manager sees an item's links (never their keys) and revokes one by its
+/// id: before, a lost key could not be revoked, and an item at its bound of
+/// a hundred links could never be given another.
+#[tokio::test]
+async fn links_are_listed_and_revoked_by_id() {
+    let app = TestApp::new().await;
+    let alice = app.user("alice").await;
+    let bob = app.user("bob").await;
+    let carol = app.user("carol").await;
+    let item = app
+        .item(
+            &alice,
+            "doc",
+            json!({}),
+            json!([{"principal": "user:bob", "role": "editor"}]),
+        )
+        .await;
+    let id = item["id"].as_str().unwrap();
+    let links = format!("/api/v1/items/{id}/links");
+    let listed = |token: Option<String>, key: Option<String>| {
+        let path = match &key {
+            Some(k) => format!("{links}?key={k}"),
+            None => links.clone(),
+        };
+        let app = &app;
+        async move { app.get(&path, token.as_deref()).await }
+    };
+    let r = listed(Some(alice.clone()), None).await.expect(200);
+    assert_eq!(r.json(), json!({"links": []}));
+    let make = |role: &str| {
+        let (app, alice, links, role) = (&app, &alice, &links, role.to_string());
+        async move {
+            app.call(
+                Method::POST,
+                links,
+                Some(alice),
+                Some(json!({"role": role})),
+            )
+            .await
+            .expect(201)
+            .json()["key"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let viewer = make("viewer").await;
+    let made = app
+        .call(
+            Method::POST,
+            &links,
+            Some(&alice),
+            Some(json!({"role": "editor"})),
+        )
+        .await
+        .expect(201)
+        .json();
+    let editor = made["key"].as_str().unwrap().to_string();
+    let all = listed(Some(alice.clone()), None).await.expect(200).json();
+    let all = all["links"].as_array().unwrap().clone();
+    assert_eq!(all.len(), 2, "{all:?}");
+    // The newest first, each with its id, role and time, and no key.
+    assert_eq!(all[0]["role"], "editor");
+    assert_eq!(
+        all[0]["id"], made["id"],
+        "a new link's id is the one listed"
+    );
+    assert_eq!(all[1]["role"], "viewer");
+    for l in &all {
+        let lid = l["id"].as_str().unwrap();
+        assert!(
+            lid.len() == 64 && lid.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{l}"
+        );
+        assert!(l["createdAt"].as_str().unwrap().ends_with('Z'), "{l}");
+        assert_eq!(l.as_object().unwrap().len(), 3, "{l}");
+        // An id is no key: it opens nothing.
+        app.get(&format!("/api/v1/items/{id}?key={lid}"), None)
+            .await
+            .expect(404);
+    }
+    let text = serde_json::to_string(&all).unwrap();
+    assert!(!text.contains(&viewer) && !text.contains(&editor));
+    // Managers only: an editor (by the ACL or by a link) is refused, and
+    // whoever cannot read the item is told it does not exist.
+    listed(Some(bob.clone()), None).await.expect(403);
+    listed(None, Some(editor.clone())).await.expect(403);
+    listed(Some(carol.clone()), None).await.expect(404);
+    listed(None, None).await.expect(404);
+    // Revoked by its id, the viewer link stops working; the other works on.
+    let revoke = |name: &str, token: &str| {
+        let (app, path, token) = (&app, format!("{links}/{name}"), token.to_string());
+        async move { app.call(Method::DELETE, &path, Some(&token), None).await }
+    };
+    let viewer_id = all[1]["id"].as_str().unwrap();
+    revoke(viewer_id, &bob).await.expect(403);
+    revoke(viewer_id, &alice).await.expect(204);
+    app.get(&format!("/api/v1/items/{id}?key={viewer}"), None)
+        .await
+        .expect(404);
+    app.get(&format!("/api/v1/items/{id}?key={editor}"), None)
+        .await
+        .expect(200);
+    revoke(viewer_id, &alice).await.expect(404);
+    let left = listed(Some(alice.clone()), None).await.expect(200).json();
+    assert_eq!(left["links"].as_array().unwrap().len(), 1);
+    assert_eq!(left["links"][0]["role"], "editor");
+    // At the bound, a link whose key nobody kept makes room for another.
+    for _ in 1..100 {
+        make("viewer").await;
+    }
+    app.call(
+        Method::POST,
+        &links,
+        Some(&alice),
+        Some(json!({"role": "viewer"})),
+    )
+    .await
+    .expect(409);
+    let full = listed(Some(alice.clone()), None).await.expect(200).json();
+    let full = full["links"].as_array().unwrap();
+    assert_eq!(full.len(), 100);
+    let oldest = full[99]["id"].as_str().unwrap();
+    assert_eq!(oldest, left["links"][0]["id"].as_str().unwrap());
+    revoke(oldest, &alice).await.expect(204);
+    app.get(&format!("/api/v1/items/{id}?key={editor}"), None)
+        .await
+        .expect(404);
+    make("viewer").await;
+}
+
 #[tokio::test]
 async fn bodies_with_ranges() {
     let app = TestApp::new().await;
