@@ -21,6 +21,7 @@ type Schemas = components['schemas'];
 export type Item = Schemas['Item'];
 export type ItemPage = Schemas['ItemPage'];
 export type Grant = Schemas['Grant'];
+export type LinkEntry = Schemas['LinkEntry'];
 export type Role = Schemas['Role'];
 export type Group = Schemas['Group'];
 export type Me = Schemas['Me'];

@@ -830,8 +830,9 @@ export interface components {
          */
         LinkRole: "viewer" | "editor";
         /**
-         * @description An item's links, the newest first: at most a hundred (an item holds no
-         *     more), so never paged.
+         * @description An item's links, the newest first, in one answer: an item holds at most
+         *     a hundred (those made at once before 2026-11-28 could pass that; up to
+         *     a thousand are listed).
          */
         Links: {
             /** @description The links. */

@@ -53,9 +53,9 @@ impl<'a> ItemWant<'a> {
 pub(crate) const MAX_GRANTS: usize = 256;
 /// Most links one item has at once.
 const MAX_LINKS: usize = 100;
-/// Links a delete reads and removes: more than [`MAX_LINKS`], for those
-/// that versions before 2026-11-28 let links made at once leave past it
-/// (113 were seen).
+/// Links a delete reads and removes, and a listing lists: more than
+/// [`MAX_LINKS`], for those that versions before 2026-11-28 let links made
+/// at once leave past it (113 were seen).
 const LINKS_DELETED: usize = 1_000;
 
 /// The links of an item at revision `rev`, from the rows of
@@ -98,7 +98,6 @@ pub(crate) fn plausible_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// The store key of a link, if the key could be one at all.
 /// A link as its manager sees it: never its key, which only its holders
 /// know.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,7 +113,7 @@ pub struct LinkInfo {
 
 /// The id of the link whose key is `key`, as [`Engine::links`] names it.
 pub fn link_id(key: &str) -> String {
-    crate::transfer::hex(&crate::sha256(key.as_bytes()))
+    crate::hex(&crate::sha256(key.as_bytes()))
 }
 
 /// A link's row: what it gives and when it was made. Links made before
@@ -133,8 +132,25 @@ pub(crate) enum LinkRow {
 }
 
 impl LinkRow {
+    /// The row, or `Corrupt` if it is none or gives more than a link may
+    /// (a manager: create and import refuse it, so access and listings
+    /// never have to tell it apart).
     pub(crate) fn decode(row: &Row) -> Result<LinkRow> {
-        schema::decode("link", row)
+        let out: LinkRow = schema::decode("link", row)?;
+        match out.role() {
+            Role::Viewer | Role::Editor => Ok(out),
+            Role::Manager => Err(crate::error::corrupt("link", "a link that gives manager")),
+        }
+    }
+
+    /// The link of `row` (an `l` row of the item's partition) as its
+    /// managers see it.
+    pub(crate) fn info(&self, row: &Row) -> LinkInfo {
+        LinkInfo {
+            id: link_id_of_row(row),
+            role: self.role(),
+            created_at: self.created_at(),
+        }
     }
 
     pub(crate) fn role(&self) -> Role {
@@ -151,19 +167,23 @@ impl LinkRow {
     }
 }
 
+/// The id of a link's row: the hex of the key hash after its `l`.
+pub(crate) fn link_id_of_row(row: &Row) -> String {
+    crate::hex(&row.clustering[1..])
+}
+
 /// The row of the link `key` names: the key itself, or the link's id (the
-/// 64 hex digits of its key's SHA-256, which no key the server makes is).
+/// 64 lower-case hex digits of its key's SHA-256, which no key the server
+/// makes is: those are 32 characters).
 fn link_row_named(id: &str, key: &str) -> Option<Key> {
-    let hash = (key.len() == 64)
-        .then(|| crate::transfer::unhex(key))
-        .flatten()
-        .filter(|h| h.len() == 32);
-    match hash {
+    let is_id = key.len() == 64 && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    match is_id.then(|| crate::unhex(key)).flatten() {
         Some(hash) => Some(schema::link_key_of_hash(id, &hash)),
         None => link_row(id, Some(key)),
     }
 }
 
+/// The store key of a link, if the key could be one at all.
 fn link_row(id: &str, link: Option<&str>) -> Option<Key> {
     link.filter(|k| !k.is_empty() && k.len() <= 256)
         .map(|k| schema::link_key(id, k))
@@ -660,14 +680,7 @@ impl Engine {
                 .await?;
             let mut out = links_at(&own.scans[0], a.rev)?
                 .iter()
-                .map(|row| {
-                    let made = LinkRow::decode(row)?;
-                    Ok(LinkInfo {
-                        id: crate::transfer::hex(&row.clustering[1..]),
-                        role: made.role(),
-                        created_at: made.created_at(),
-                    })
-                })
+                .map(|row| Ok(LinkRow::decode(row)?.info(row)))
                 .collect::<Result<Vec<_>>>()?;
             out.sort_by(|x, y| {
                 y.created_at
@@ -690,9 +703,9 @@ impl Engine {
         key: &str,
         if_match: Option<u64>,
     ) -> Result<()> {
-        let Some(k) = link_row_named(id, key) else {
-            return Err(EngineError::NotFound("no such link".into()));
-        };
+        // A name no link can have is not found, after the checks any other
+        // name meets (so a bad token is still 401, an editor still 403).
+        let named = link_row_named(id, key);
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (_, a, _, own) = self
@@ -700,16 +713,17 @@ impl Engine {
                     &mut snap,
                     caller,
                     ItemWant::read(id, link),
-                    std::slice::from_ref(&k),
+                    named.as_slice(),
                     &[],
                 )
                 .await?;
             drop(snap);
             self.require_role(&a, Role::Manager, "removing links")?;
             check_version(&a.item, if_match)?;
-            if own.rows[0].is_none() {
-                return Err(EngineError::NotFound("no such link".into()));
-            }
+            let k = match (&named, own.rows.first()) {
+                (Some(k), Some(Some(_))) => k,
+                _ => return Err(EngineError::NotFound("no such link".into())),
+            };
             let mut b = Batch::new();
             b.delete(k.clone());
             if if_match.is_some() {
@@ -782,9 +796,12 @@ mod tests {
             role: Role::Viewer,
             created_at: 7,
         };
+        // The bytes rows are written with: a rename would lose them.
+        assert_eq!(schema::encode(&made), br#"{"role":"viewer","createdAt":7}"#);
         let new = LinkRow::decode(&row(&schema::encode(&made))).unwrap();
         assert_eq!((new.role(), new.created_at()), (Role::Viewer, Some(7)));
         assert!(LinkRow::decode(&row(br#"{"role":"viewer"}"#)).is_err());
+        assert!(LinkRow::decode(&row(br#""manager""#)).is_err());
     }
 
     #[test]
@@ -793,6 +810,13 @@ mod tests {
         let by_key = link_row_named("i", key).unwrap();
         let id = link_id(key);
         assert_eq!(link_row_named("i", &id).unwrap(), by_key);
-        assert_ne!(link_row_named("i", &id[1..]), Some(by_key));
+        // Anything else of 64 characters is a key, hashed: upper-case hex
+        // too, and other characters.
+        let key_of = |k: &str| schema::link_key("i", k);
+        let upper = id.to_ascii_uppercase();
+        assert_eq!(link_row_named("i", &upper), Some(key_of(&upper)));
+        let other = format!("g{}", &id[1..]);
+        assert_eq!(link_row_named("i", &other), Some(key_of(&other)));
+        assert_eq!(link_row_named("i", ""), None);
     }
 }

@@ -12,7 +12,7 @@
 //! | `members` | group id | member principal | `-` |
 //! | `memberships` | member principal | group id; `~`: a user's gate, moved by each new membership | `-` / join cursor |
 //! | `meta` | `layout` / `feed` | `l` / `trimmed` | the layout / the last change trimmed |
-//! | `items` | item id | `i`: the item; `l` + SHA-256 of a link key: the link | [`ItemRow`] (binary) / role JSON |
+//! | `items` | item id | `i`: the item; `l` + SHA-256 of a link key: the link | [`ItemRow`] (binary) / `{"role","createdAt"}` JSON (before 2026-12-03 the role alone) |
 //! | `kinds` | kind, bucket | item id: every item of a kind, for index builds; `\0`: the bucket's declarations stamp | `-` |
 //! | `blobs` | blob id | chunk number, 8 bytes big-endian | bytes |
 //! | `graveyard` | `g` + due hour | due time, blob id | blobs to remove once no download can need them |

@@ -27,7 +27,7 @@ use crate::error::{EngineError, Result};
 use crate::indexes::{IndexDef, IndexState};
 use crate::items::LinkRow;
 use crate::schema::{self, ItemRow, BLOBS, GROUPS, INDEX_DEFS, ITEMS, MEMBERS, META, USERS};
-use crate::{b64, unb64, Engine, Group, Item, Principal, Role, User};
+use crate::{b64, hex, unb64, unhex, Engine, Group, Item, Principal, Role, User};
 
 /// Most rows one batch of a whole-store walk reads.
 const BATCH: usize = 1000;
@@ -125,20 +125,6 @@ impl Moved {
     }
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 impl Engine {
     /// Streams every record of the store to `sink`, index declarations
     /// first, each item's body chunks right after it.
@@ -190,13 +176,13 @@ impl Engine {
                             .await?;
                     }
                 } else if table == ITEMS && key.clustering.first() == Some(&b'l') {
-                    let made = LinkRow::decode(&row)?;
+                    let link = LinkRow::decode(&row)?.info(&row);
                     emit(
                         Record::Link {
                             item: text(&key.partition)?,
-                            hash: hex(&key.clustering[1..]),
-                            role: made.role(),
-                            created_at: made.created_at(),
+                            hash: link.id,
+                            role: link.role,
+                            created_at: link.created_at,
                         },
                         &mut moved,
                     )?;
@@ -594,7 +580,10 @@ impl Importer {
                 let key = schema::link_key_of_hash(&item, &hash);
                 fresh(&mut self.fresh, &key, "link", &format!("of item {item}"))?;
                 let row = match created_at {
-                    Some(created_at) => LinkRow::Made { role, created_at },
+                    Some(created_at) => {
+                        check_time(&format!("a link of item {item}"), created_at)?;
+                        LinkRow::Made { role, created_at }
+                    }
                     None => LinkRow::Role(role),
                 };
                 b.put(key, schema::encode(&row), 1);

@@ -628,8 +628,9 @@ pub struct LinkEntry<'a> {
     pub created_at: Option<Time>,
 }
 
-/// An item's links, the newest first: at most a hundred (an item holds no
-/// more), so never paged.
+/// An item's links, the newest first, in one answer: an item holds at most
+/// a hundred (those made at once before 2026-11-28 could pass that; up to
+/// a thousand are listed).
 #[derive(Serialize, ToSchema)]
 pub struct Links<'a> {
     /// The links.
@@ -642,9 +643,10 @@ impl<'a> From<&'a [tarn_engine::LinkInfo]> for Links<'a> {
             .iter()
             .map(|l| LinkEntry {
                 id: &l.id,
+                // The engine reads a link row giving manager as corrupt.
                 role: match l.role {
                     tarn_engine::Role::Editor => LinkRole::Editor,
-                    _ => LinkRole::Viewer,
+                    tarn_engine::Role::Viewer | tarn_engine::Role::Manager => LinkRole::Viewer,
                 },
                 created_at: l.created_at.map(Time),
             })

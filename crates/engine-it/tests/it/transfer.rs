@@ -676,6 +676,16 @@ async fn imports_refuse_files_that_do_not_hold_together() {
             "viewer or editor",
         ),
         (
+            "a link made before 1970",
+            altered(first_link, &|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                assert!(v["createdAt"].is_i64(), "{l}");
+                v["createdAt"] = (-5).into();
+                v.to_string()
+            }),
+            "not between 1970 and 9999",
+        ),
+        (
             "a password kept in plain text",
             altered(first_user, &|l| field(l, "passwordHash", "\"hunter22\"")),
             "Argon2id",

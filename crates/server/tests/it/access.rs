@@ -29,6 +29,9 @@ enum Op {
     SetAcl,
     MakeLink,
     DeleteLink,
+    /// Removes a link named by its id, as the item's links list it.
+    DeleteLinkById,
+    ListLinks,
     Delete,
     Listed,
 }
@@ -44,7 +47,7 @@ const ROLES: [Role; 9] = [
     Role::StrangerLink,
     Role::Admin,
 ];
-const OPS: [Op; 9] = [
+const OPS: [Op; 11] = [
     Op::Read,
     Op::Patch,
     Op::PutBody,
@@ -52,6 +55,8 @@ const OPS: [Op; 9] = [
     Op::SetAcl,
     Op::MakeLink,
     Op::DeleteLink,
+    Op::DeleteLinkById,
+    Op::ListLinks,
     Op::Delete,
     Op::Listed,
 ];
@@ -68,7 +73,7 @@ fn expected(role: Role, op: Op) -> u16 {
         (Editor, Read | GetBody | Listed | Patch | PutBody) => 200,
         (Editor, _) => 403,
         (Manager, MakeLink) => 201,
-        (Manager, Delete | DeleteLink) => 204,
+        (Manager, Delete | DeleteLink | DeleteLinkById) => 204,
         (Manager, _) => 200,
         // Links work on the item's own routes, never in listings, and never
         // reach sharing, links or deletion: the key makes the item readable,
@@ -79,7 +84,7 @@ fn expected(role: Role, op: Op) -> u16 {
         (ViewLink | EditLink | StrangerLink, Listed) => 404,
         (ViewLink | EditLink | StrangerLink, _) => 403,
         (Admin, MakeLink) => 201,
-        (Admin, Delete | DeleteLink) => 204,
+        (Admin, Delete | DeleteLink | DeleteLinkById) => 204,
         (Admin, Listed) => 404,
         (Admin, _) => 200,
     }
@@ -190,7 +195,7 @@ async fn fresh_item(w: &World) -> (String, String, String) {
 async fn perform(w: &World, role: Role, token: Option<&str>, op: Op) -> Reply {
     let (id, view_key, edit_key) = fresh_item(w).await;
     let key = match role {
-        Role::ViewLink | Role::StrangerLink => Some(view_key),
+        Role::ViewLink | Role::StrangerLink => Some(view_key.clone()),
         Role::EditLink => Some(edit_key.clone()),
         _ => None,
     };
@@ -241,6 +246,37 @@ async fn perform(w: &World, role: Role, token: Option<&str>, op: Op) -> Reply {
                 None,
             )
             .await
+        }
+        Op::DeleteLinkById => {
+            let listed = app
+                .get(&format!("{item}/links"), Some(&w.owner))
+                .await
+                .expect(200)
+                .json();
+            let link = listed["links"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["role"] == "editor")
+                .unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            app.call(
+                Method::DELETE,
+                &format!("{item}/links/{link}{q}"),
+                token,
+                None,
+            )
+            .await
+        }
+        Op::ListLinks => {
+            let r = app.get(&format!("{item}/links{q}"), token).await;
+            // A link's key is its holders' alone: never listed.
+            for key in [&view_key, &edit_key] {
+                assert!(!r.text().contains(key.as_str()), "{role:?}: a key listed");
+            }
+            r
         }
         Op::Delete => {
             app.call(Method::DELETE, &format!("{item}{q}"), token, None)
