@@ -83,7 +83,12 @@ export interface paths {
         delete?: never;
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Change a group's title or properties (managers)
+         * @description `title` replaces the title; `properties` is a JSON merge patch
+         *     (RFC 7396) of the properties. What the body leaves out stays.
+         */
+        patch: operations["patchGroup"];
         trace?: never;
     };
     "/api/v1/groups/{id}/managers/{principal}": {
@@ -500,7 +505,12 @@ export interface paths {
         delete?: never;
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Change a user's properties (the user, or an administrator)
+         * @description `properties` is a JSON merge patch (RFC 7396): `null` removes a key,
+         *     and what the patch leaves out stays.
+         */
+        patch: operations["patchUser"];
         trace?: never;
     };
     "/api/v1/users/{username}/password": {
@@ -650,6 +660,13 @@ export interface components {
             properties: Record<string, unknown>;
             /** @description A display title. */
             title: string;
+        };
+        /** @description A change of a group: what it names changes, the rest stays. */
+        GroupPatch: {
+            /** @description An RFC 7396 JSON merge patch of the properties: `null` removes a key. */
+            properties: Record<string, unknown> | null;
+            /** @description A new display title, at most 1024 bytes (`""` clears it). */
+            title?: string | null;
         };
         /** @description The server is up. */
         Health: {
@@ -1025,6 +1042,11 @@ export interface components {
             /** @description Immutable and unique. */
             username: components["schemas"]["Name"];
         };
+        /** @description A change of a user's properties. */
+        UserPatch: {
+            /** @description An RFC 7396 JSON merge patch of the properties: `null` removes a key. */
+            properties: Record<string, unknown>;
+        };
     };
     responses: never;
     parameters: never;
@@ -1322,6 +1344,101 @@ export interface operations {
             };
             /** @description Not Found: `not-found` */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable: `index-building` or `unavailable` */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    patchGroup: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The group's id. */
+                id: components["schemas"]["Name"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["GroupPatch"];
+                "application/merge-patch+json": components["schemas"]["GroupPatch"];
+            };
+        };
+        responses: {
+            /** @description The group, changed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Group"];
+                };
+            };
+            /** @description Bad Request: `invalid-input` or `no-index` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized: `unauthenticated` */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden: `forbidden` */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found: `not-found` */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Payload Too Large: `too-large` */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type: `invalid-input` */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3577,6 +3694,101 @@ export interface operations {
             };
             /** @description Not Found: `not-found` */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable: `index-building` or `unavailable` */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    patchUser: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The username. */
+                username: components["schemas"]["Name"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UserPatch"];
+                "application/merge-patch+json": components["schemas"]["UserPatch"];
+            };
+        };
+        responses: {
+            /** @description The user, changed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["User"];
+                };
+            };
+            /** @description Bad Request: `invalid-input` or `no-index` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized: `unauthenticated` */
+            401: {
+                headers: {
+                    /** @description `Bearer`: the scheme to authenticate with */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden: `forbidden` */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found: `not-found` */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Payload Too Large: `too-large` */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type: `invalid-input` */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

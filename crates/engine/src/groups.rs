@@ -106,11 +106,7 @@ impl Engine {
         check_new_name("group id", id)?;
         self.check_properties(&properties)?;
         let title = title.unwrap_or_default();
-        if title.len() > 1024 {
-            return Err(EngineError::InvalidInput(
-                "a group title has at most 1024 bytes".into(),
-            ));
-        }
+        check_title(&title)?;
         let actor = self
             .retrying(|| async {
                 let mut snap = self.snapshot().await?;
@@ -926,10 +922,11 @@ impl Engine {
                 ))
             }
         };
-        self.change_managers(caller, id, Some(exists), |m| {
-            if !m.contains(manager) {
-                m.push(manager.clone());
+        self.change_group(caller, id, Some(exists), |g| {
+            if !g.managers.contains(manager) {
+                g.managers.push(manager.clone());
             }
+            check_managers(&g.managers)
         })
         .await
     }
@@ -941,16 +938,48 @@ impl Engine {
         id: &str,
         manager: &Principal,
     ) -> Result<Group> {
-        self.change_managers(caller, id, None, |m| m.retain(|p| p != manager))
-            .await
+        self.change_group(caller, id, None, |g| {
+            g.managers.retain(|p| p != manager);
+            check_managers(&g.managers)
+        })
+        .await
     }
 
-    async fn change_managers(
+    /// Changes a group's title and properties (its managers and
+    /// administrators): a new title replaces the old, and `properties` is an
+    /// RFC 7396 merge patch of them.
+    pub async fn patch_group(
+        &self,
+        caller: &Caller,
+        id: &str,
+        title: Option<String>,
+        properties: Option<Map<String, Value>>,
+    ) -> Result<Group> {
+        if let Some(t) = &title {
+            check_title(t)?;
+        }
+        self.change_group(caller, id, None, |g| {
+            if let Some(t) = &title {
+                g.title = t.clone();
+            }
+            if let Some(p) = &properties {
+                g.properties = crate::users::patched(&g.properties, p)?;
+                self.check_properties(&g.properties)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Reads a group, changes it (its managers and administrators only) and
+    /// writes it back, guarded on the version read. `must_exist` is a row
+    /// the change names, read in the same snapshot: `NotFound` without it.
+    async fn change_group(
         &self,
         caller: &Caller,
         id: &str,
         must_exist: Option<Key>,
-        change: impl Fn(&mut Vec<Principal>),
+        change: impl Fn(&mut Group) -> Result<()>,
     ) -> Result<Group> {
         if !crate::is_valid_name(id) {
             return Err(no_group(id));
@@ -971,17 +1000,7 @@ impl Engine {
             if must_exist.is_some() && own.rows[1].is_none() {
                 return Err(EngineError::NotFound("no such principal".into()));
             }
-            change(&mut group.managers);
-            if group.managers.is_empty() {
-                return Err(EngineError::Conflict(
-                    "a group keeps at least one manager".into(),
-                ));
-            }
-            if group.managers.len() > MAX_MANAGERS {
-                return Err(EngineError::Conflict(format!(
-                    "a group has at most {MAX_MANAGERS} managers"
-                )));
-            }
+            change(&mut group)?;
             let key = schema::group_key(id);
             let mut b = Batch::new();
             b.put(key.clone(), schema::encode(&group), version + 1)
@@ -992,6 +1011,34 @@ impl Engine {
         .await
     }
 }
+
+/// Refuses a group left with no manager, or with too many.
+fn check_managers(managers: &[Principal]) -> Result<()> {
+    if managers.is_empty() {
+        return Err(EngineError::Conflict(
+            "a group keeps at least one manager".into(),
+        ));
+    }
+    if managers.len() > MAX_MANAGERS {
+        return Err(EngineError::Conflict(format!(
+            "a group has at most {MAX_MANAGERS} managers"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a group title over [`MAX_TITLE`] bytes.
+fn check_title(title: &str) -> Result<()> {
+    if title.len() > MAX_TITLE {
+        return Err(EngineError::InvalidInput(format!(
+            "a group title has at most {MAX_TITLE} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// Most bytes of a group's title.
+const MAX_TITLE: usize = 1024;
 
 fn too_many_below(group: &str) -> EngineError {
     EngineError::Conflict(format!(

@@ -551,6 +551,49 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound(format!("no user {username}")))
     }
 
+    /// Changes a user's properties by an RFC 7396 merge patch: the user
+    /// themselves or an administrator. Who asks is checked before whom:
+    /// another user's properties are forbidden, whether or not that user
+    /// exists (usernames are public anyway).
+    pub async fn patch_user(
+        &self,
+        caller: &Caller,
+        username: &str,
+        patch: &Map<String, Value>,
+    ) -> Result<User> {
+        let keys: Vec<Key> = crate::is_valid_name(username)
+            .then(|| schema::user_key(username))
+            .into_iter()
+            .collect();
+        self.retrying(|| async {
+            let mut snap = self.snapshot().await?;
+            let (actor, own) = self.resolve(&mut snap, caller, &keys, &[]).await?;
+            drop(snap);
+            if actor.require_user()? != username && !actor.admin {
+                return Err(EngineError::Forbidden(
+                    "only the user themselves or an administrator changes a user's properties"
+                        .into(),
+                ));
+            }
+            let row = own
+                .rows
+                .first()
+                .cloned()
+                .flatten()
+                .ok_or_else(|| EngineError::NotFound(format!("no user {username}")))?;
+            let mut user: User = schema::decode("user", &row)?;
+            user.properties = patched(&user.properties, patch)?;
+            self.check_properties(&user.properties)?;
+            let key = schema::user_key(username);
+            let mut b = Batch::new();
+            b.put(key.clone(), schema::encode(&user), row.version + 1)
+                .guard(key, Expect::Version(row.version));
+            self.store().write(b).await?;
+            Ok(user)
+        })
+        .await
+    }
+
     pub(crate) fn check_properties(&self, p: &Map<String, Value>) -> Result<()> {
         check_properties_depth(p)?;
         self.check_properties_size(serde_json::to_vec(p).map_or(usize::MAX, |v| v.len()))
@@ -588,6 +631,21 @@ pub(crate) fn check_properties_depth(p: &Map<String, Value>) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// `properties` with an RFC 7396 merge `patch` applied, refused if it
+/// nests too deep.
+pub(crate) fn patched(
+    properties: &Map<String, Value>,
+    patch: &Map<String, Value>,
+) -> Result<Map<String, Value>> {
+    let mut v = Value::Object(properties.clone());
+    crate::model::merge_patch(&mut v, &Value::Object(patch.clone()));
+    let Value::Object(p) = v else {
+        unreachable!("an object patched by an object stays an object")
+    };
+    check_properties_depth(&p)?;
+    Ok(p)
 }
 
 /// Most levels of objects and arrays in properties, the properties object

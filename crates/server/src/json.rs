@@ -457,6 +457,15 @@ pub struct Me<'a> {
     pub groups: &'a [String],
 }
 
+/// A change of a user's properties.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UserPatch {
+    /// An RFC 7396 JSON merge patch of the properties: `null` removes a key.
+    #[schema(value_type = Object)]
+    pub properties: Map<String, Value>,
+}
+
 // ---------------------------------------------------------------- groups
 
 /// A new group.
@@ -473,6 +482,18 @@ pub struct NewGroup {
     #[serde(default, deserialize_with = "null_as_absent")]
     #[schema(value_type = Object, nullable = true)]
     pub properties: Map<String, Value>,
+}
+
+/// A change of a group: what it names changes, the rest stays.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupPatch {
+    /// A new display title, at most 1024 bytes (`""` clears it).
+    #[schema(max_length = 1024, nullable = true)]
+    pub title: Option<String>,
+    /// An RFC 7396 JSON merge patch of the properties: `null` removes a key.
+    #[schema(value_type = Object, nullable = true)]
+    pub properties: Option<Map<String, Value>>,
 }
 
 /// A group.

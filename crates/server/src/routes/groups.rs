@@ -98,6 +98,37 @@ pub async fn get(
     Ok(reply(StatusCode::OK, &json::Group::from(&g)))
 }
 
+/// Change a group's title or properties (managers)
+///
+/// `title` replaces the title; `properties` is a JSON merge patch
+/// (RFC 7396) of the properties. What the body leaves out stays.
+#[utoipa::path(
+    patch, path = "/api/v1/groups/{id}", tag = "groups", operation_id = "patchGroup",
+    security(("bearer" = [])),
+    params(GroupPath),
+    request_body(content(
+        (json::GroupPatch = "application/json"),
+        (json::GroupPatch = "application/merge-patch+json"),
+    )),
+    responses(
+        (status = 200, description = "The group, changed", body = json::Group),
+        BadRequest, Unauthorized, Forbidden, NotFound, PayloadTooLarge, UnsupportedMediaType,
+        ServiceUnavailable,
+    ),
+)]
+pub async fn patch(
+    State(s): State<AppState>,
+    auth: Auth,
+    Path(GroupPath { id }): Path<GroupPath>,
+    JsonBody(body): JsonBody<json::GroupPatch>,
+) -> ApiResult<Response> {
+    let g = s
+        .engine
+        .patch_group(&auth.caller, &id, body.title, body.properties)
+        .await?;
+    Ok(reply(StatusCode::OK, &json::Group::from(&g)))
+}
+
 /// Add a user or group (managers)
 ///
 /// A membership that would make a cycle, nest groups too deep or put anyone

@@ -93,6 +93,37 @@ pub async fn get(
     ))
 }
 
+/// Change a user's properties (the user, or an administrator)
+///
+/// `properties` is a JSON merge patch (RFC 7396): `null` removes a key,
+/// and what the patch leaves out stays.
+#[utoipa::path(
+    patch, path = "/api/v1/users/{username}", tag = "users", operation_id = "patchUser",
+    security(("bearer" = [])),
+    params(UserPath),
+    request_body(content(
+        (json::UserPatch = "application/json"),
+        (json::UserPatch = "application/merge-patch+json"),
+    )),
+    responses(
+        (status = 200, description = "The user, changed", body = json::User),
+        BadRequest, Unauthorized, Forbidden, NotFound, PayloadTooLarge, UnsupportedMediaType,
+        ServiceUnavailable,
+    ),
+)]
+pub async fn patch(
+    State(s): State<AppState>,
+    auth: Auth,
+    Path(UserPath { username }): Path<UserPath>,
+    JsonBody(body): JsonBody<json::UserPatch>,
+) -> ApiResult<Response> {
+    let user = s
+        .engine
+        .patch_user(&auth.caller, &username, &body.properties)
+        .await?;
+    Ok(reply(StatusCode::OK, &json::User::from(&user)))
+}
+
 /// Sign in
 ///
 /// Wrong username and wrong password answer the same. Failed sign-ins are

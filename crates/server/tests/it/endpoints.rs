@@ -2542,3 +2542,222 @@ async fn fields_may_name_properties_first() {
         .json();
     assert_eq!(r["items"].as_array().unwrap().len(), 2, "{r}");
 }
+
+#[tokio::test]
+async fn users_change_their_own_properties() {
+    let app = TestApp::new().await;
+    let alice = app.user("alice").await;
+    let bob = app.user("bob").await;
+    let admin = app.admin().await;
+    let patch = |who: Option<String>, name: &str, body: Value| {
+        let app = &app;
+        let path = format!("/api/v1/users/{name}");
+        async move { app.call(Method::PATCH, &path, who.as_deref(), Some(body)).await }
+    };
+    let a = Some(alice.clone());
+    let got = patch(
+        a.clone(),
+        "alice",
+        json!({"properties": {"display": "Alice", "tz": "UTC", "links": {"web": "x"}}}),
+    )
+    .await
+    .expect(200)
+    .json();
+    assert_eq!(
+        (got["username"].clone(), got["admin"].clone()),
+        (json!("alice"), json!(false))
+    );
+    assert!(got["createdAt"].is_string(), "{got}");
+    let got = patch(
+        a.clone(),
+        "alice",
+        json!({"properties": {"tz": null, "links": {"mail": "y"}}}),
+    )
+    .await
+    .expect(200)
+    .json();
+    let want = json!({"display": "Alice", "links": {"web": "x", "mail": "y"}});
+    assert_eq!(got["properties"], want, "a merge patch");
+    let public = app.get("/api/v1/users/alice", Some(&bob)).await.expect(200);
+    assert_eq!(public.json()["properties"], want);
+    let me = app.get("/api/v1/me", Some(&alice)).await.expect(200);
+    assert_eq!(me.json()["properties"], want);
+    // The session goes on, and signing in again works.
+    app.sign_in("alice", "alice-password").await;
+
+    // Who may: the user and administrators; a refusal changes nothing.
+    let r = patch(None, "alice", json!({"properties": {"display": "Eve"}})).await;
+    assert_eq!(r.expect(401).json()["type"], "unauthenticated");
+    let r = patch(Some(bob.clone()), "alice", json!({"properties": {"display": "Eve"}})).await;
+    assert_eq!(r.expect(403).json()["type"], "forbidden");
+    patch(Some(bob.clone()), "ghost", json!({"properties": {}}))
+        .await
+        .expect(403);
+    let got = patch(
+        Some(admin.clone()),
+        "alice",
+        json!({"properties": {"display": "Alice A."}}),
+    )
+    .await
+    .expect(200)
+    .json();
+    assert_eq!(got["properties"]["display"], "Alice A.");
+    assert_eq!(got["admin"], false, "properties never touch the flag");
+    patch(Some(admin.clone()), "ghost", json!({"properties": {}}))
+        .await
+        .expect(404);
+    patch(Some(admin.clone()), "Not%20A%20Name", json!({"properties": {}}))
+        .await
+        .expect(404);
+
+    // Bad bodies.
+    for body in [
+        json!({}),
+        json!({"properties": 5}),
+        json!({"properties": null}),
+        json!({"properties": {}, "admin": true}),
+        json!([]),
+    ] {
+        let r = patch(a.clone(), "alice", body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        r.assert_problem();
+    }
+    let mut deep = json!("leaf");
+    for _ in 0..70 {
+        deep = json!({ "d": deep });
+    }
+    patch(a.clone(), "alice", json!({"properties": {"deep": deep}}))
+        .await
+        .expect(400);
+    let r = patch(
+        a.clone(),
+        "alice",
+        json!({"properties": {"x": "y".repeat(70_000)}}),
+    )
+    .await
+    .expect(413);
+    assert_eq!(r.json()["type"], "too-large");
+    let got = app.get("/api/v1/users/alice", None).await.expect(200).json();
+    assert_eq!(got["properties"]["display"], "Alice A.", "refusals change nothing");
+    assert_eq!(got["properties"].as_object().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn group_managers_change_its_title_and_properties() {
+    let app = TestApp::new().await;
+    let alice = app.user("alice").await;
+    let bob = app.user("bob").await;
+    let carol = app.user("carol").await;
+    let admin = app.admin().await;
+    for (id, who) in [("class", &alice), ("staff", &carol)] {
+        app.call(
+            Method::POST,
+            "/api/v1/groups",
+            Some(who),
+            Some(json!({"id": id, "title": "Class", "properties": {"term": "fall"}})),
+        )
+        .await
+        .expect(201);
+    }
+    let patch = |who: Option<&str>, id: &str, body: Value| {
+        let app = &app;
+        let path = format!("/api/v1/groups/{id}");
+        let who = who.map(str::to_string);
+        async move { app.call(Method::PATCH, &path, who.as_deref(), Some(body)).await }
+    };
+    let got = patch(Some(&alice), "class", json!({"title": "Algebra 1"}))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(got["title"], "Algebra 1");
+    assert_eq!(got["properties"], json!({"term": "fall"}), "left out, kept");
+    assert_eq!(got["managers"], json!(["user:alice"]));
+    let got = patch(
+        Some(&alice),
+        "class",
+        json!({"properties": {"term": null, "room": "B2"}}),
+    )
+    .await
+    .expect(200)
+    .json();
+    assert_eq!(
+        (got["title"].clone(), got["properties"].clone()),
+        (json!("Algebra 1"), json!({"room": "B2"}))
+    );
+    let same = patch(Some(&alice), "class", json!({})).await.expect(200).json();
+    assert_eq!(same, got, "an empty patch changes nothing");
+    let same = patch(Some(&alice), "class", json!({"title": null, "properties": null}))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(same, got, "null fields are left out");
+    let read = app.get("/api/v1/groups/class", Some(&bob)).await.expect(200);
+    assert_eq!(read.json(), got);
+
+    // A manager through a group may; members and strangers may not.
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/staff/members/user:carol",
+        Some(&carol),
+        None,
+    )
+    .await
+    .expect(204);
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/class/managers/group:staff",
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(204);
+    app.call(
+        Method::PUT,
+        "/api/v1/groups/class/members/user:bob",
+        Some(&alice),
+        None,
+    )
+    .await
+    .expect(204);
+    patch(Some(&carol), "class", json!({"title": "Algebra I"}))
+        .await
+        .expect(200);
+    let r = patch(Some(&bob), "class", json!({"title": "Mine"})).await;
+    assert_eq!(r.expect(403).json()["type"], "forbidden");
+    let r = patch(None, "class", json!({"title": "Mine"})).await;
+    assert_eq!(r.expect(401).json()["type"], "unauthenticated");
+    patch(Some(&bob), "nowhere", json!({})).await.expect(404);
+    patch(Some(&bob), "Not%20An%20Id", json!({})).await.expect(404);
+    let got = patch(Some(&admin), "class", json!({"title": ""}))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(got["title"], "", "an empty title clears it");
+
+    // Bad bodies.
+    for body in [
+        json!({"title": "t".repeat(1025)}),
+        json!({"title": 5}),
+        json!({"properties": [1]}),
+        json!({"managers": []}),
+        json!("title"),
+    ] {
+        let r = patch(Some(&alice), "class", body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        r.assert_problem();
+    }
+    patch(
+        Some(&alice),
+        "class",
+        json!({"properties": {"x": "y".repeat(70_000)}}),
+    )
+    .await
+    .expect(413);
+    let got = app.get("/api/v1/groups/class", Some(&bob)).await.expect(200).json();
+    assert_eq!(
+        (got["title"].clone(), got["properties"].clone()),
+        (json!(""), json!({"room": "B2"})),
+        "refusals change nothing"
+    );
+    assert_eq!(got["managers"], json!(["user:alice", "group:staff"]));
+}
