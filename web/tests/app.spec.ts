@@ -286,6 +286,10 @@ test('chat: a room is a group, and messages go each way live', async () => {
   await alice.page.getByLabel('Group id of the new member').fill('team');
   await alice.page.getByRole('button', { name: 'Add member' }).click();
   await expect(alice.page.getByRole('list', { name: 'Members' })).toContainText('Group team');
+  // A manager gives the group a title later; the page says it at once.
+  await alice.page.getByLabel('Title', { exact: true }).fill('The organisation');
+  await alice.page.getByRole('button', { name: 'Save title' }).click();
+  await expect(alice.page.getByRole('heading', { level: 1, name: 'The organisation' })).toBeVisible();
   await navigate(bob.page, 'Groups');
   const groups = bob.page.getByRole('list', { name: 'My groups' });
   await expect(groups.getByRole('link', { name: 'org', exact: true })).toBeVisible();
@@ -414,6 +418,12 @@ test('an administrator declares a text index; search finds what each may read an
   // This session goes on; the other one has ended; the new password signs in.
   await carol.page.reload();
   await expect(carol.page.getByRole('heading', { level: 1, name: 'Your account' })).toBeVisible();
+  // Her profile: the display name she picks shows beside her username.
+  await carol.page.getByLabel('Display name').fill('Carol Smith');
+  await carol.page.getByRole('button', { name: 'Save profile' }).click();
+  await expect(carol.page.getByRole('status')).toContainText('You are shown as Carol Smith');
+  await expect(carol.page.getByRole('link', { name: /Carol Smith \(carol\)\s*: your account/ })).toBeVisible();
+  await check(carol.page, '17c-profile');
   await elsewhere.page.reload();
   await expect(elsewhere.page.getByRole('heading', { level: 1, name: 'Sign in to Tarn' })).toBeVisible();
   elsewhere.password = 'carol-third-pw';

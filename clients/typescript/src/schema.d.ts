@@ -664,7 +664,7 @@ export interface components {
         /** @description A change of a group: what it names changes, the rest stays. */
         GroupPatch: {
             /** @description An RFC 7396 JSON merge patch of the properties: `null` removes a key. */
-            properties: Record<string, unknown> | null;
+            properties?: Record<string, unknown> | null;
             /** @description A new display title, at most 1024 bytes (`""` clears it). */
             title?: string | null;
         };

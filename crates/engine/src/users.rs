@@ -348,21 +348,44 @@ impl Engine {
             Err(EngineError::Unauthenticated(m)) => return Err(EngineError::Forbidden(m)),
             other => other?,
         };
-        user.password_hash = self.hash_password(password, Hashing::NewPassword).await?;
-        // Guarded on the user row as checked: a reset or another change
-        // in between wins, and this one is refused rather than undo it.
+        let checked_hash = std::mem::take(&mut user.password_hash);
+        let hash = self.hash_password(password, Hashing::NewPassword).await?;
+        // Guarded on the user row as checked: a reset or another password
+        // change in between wins, and this one is refused rather than undo
+        // it; new properties in between are kept, and the write tried again
+        // (up to 8 times: a user changing their properties that often while
+        // their password changes is refused, not waited for).
         let key = schema::user_key(username);
-        let mut b = Batch::new();
-        b.put(key.clone(), schema::encode(&user), version + 1)
-            .guard(key, Expect::Version(version));
-        match self.store().write(b).await {
-            Ok(()) => {}
-            Err(tarn_store::StoreError::GuardFailed { .. }) => {
-                return Err(EngineError::Conflict(
-                    "the account changed while its password was checked; try again".into(),
-                ))
+        let (mut user, mut version) = (user, version);
+        let mut attempt = 0;
+        loop {
+            user.password_hash = hash.clone();
+            let mut b = Batch::new();
+            b.put(key.clone(), schema::encode(&user), version + 1)
+                .guard(key.clone(), Expect::Version(version));
+            match self.store().write(b).await {
+                Ok(()) => break,
+                Err(tarn_store::StoreError::GuardFailed { .. }) if attempt < 8 => {
+                    attempt += 1;
+                    let now = self.retrying(|| self.read_user(username)).await?;
+                    match now {
+                        Some((u, v)) if u.password_hash == checked_hash => {
+                            (user, version) = (u, v);
+                        }
+                        _ => {
+                            return Err(EngineError::Conflict(
+                                "the password changed while it was checked; try again".into(),
+                            ))
+                        }
+                    }
+                }
+                Err(tarn_store::StoreError::GuardFailed { .. }) => {
+                    return Err(EngineError::Conflict(
+                        "the account changed while its password was checked; try again".into(),
+                    ))
+                }
+                Err(e) => return Err(EngineError::from(e).settle()),
             }
-            Err(e) => return Err(EngineError::from(e).settle()),
         }
         let keep = match caller {
             Caller::Token(token) => Some(session_hash(token)),

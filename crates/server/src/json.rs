@@ -492,6 +492,7 @@ pub struct GroupPatch {
     #[schema(max_length = 1024, nullable = true)]
     pub title: Option<String>,
     /// An RFC 7396 JSON merge patch of the properties: `null` removes a key.
+    #[serde(default)]
     #[schema(value_type = Object, nullable = true)]
     pub properties: Option<Map<String, Value>>,
 }

@@ -35,3 +35,9 @@ export function principalLabel(p: string): string {
   if (p.startsWith('group:')) return `Group ${p.slice(6)}`;
   return p;
 }
+
+/** A user's display name from their properties, if they gave one. */
+export function displayName(properties: Record<string, unknown> | undefined): string {
+  const name = properties?.displayName;
+  return typeof name === 'string' ? name.trim() : '';
+}

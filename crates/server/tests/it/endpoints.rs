@@ -2761,3 +2761,50 @@ async fn group_managers_change_its_title_and_properties() {
     );
     assert_eq!(got["managers"], json!(["user:alice", "group:staff"]));
 }
+
+/// A password change checks the current password, hashes the new one, and
+/// writes guarded on the user row as checked: properties changed in that
+/// while are kept, and the change still lands (it was `409`).
+#[tokio::test]
+async fn a_password_change_keeps_properties_changed_meanwhile() {
+    let app = TestApp::new().await;
+    let alice = app.user("alice").await;
+    let change = app.call(
+        Method::PUT,
+        "/api/v1/users/alice/password",
+        Some(&alice),
+        Some(json!({"password": "alice-second", "currentPassword": "alice-password"})),
+    );
+    // Patches one after another for as long as the change takes, at most
+    // 8: the change tries its write again up to 8 times, so these never
+    // exhaust it (without the retry, about half the runs answer 409).
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let change = async {
+        let r = change.await;
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    };
+    let patches = async {
+        let mut n = 0;
+        while !done.load(std::sync::atomic::Ordering::Relaxed) && n < 8 {
+            let p = app
+                .call(
+                    Method::PATCH,
+                    "/api/v1/users/alice",
+                    Some(&alice),
+                    Some(json!({"properties": {format!("k{n}"): n}})),
+                )
+                .await;
+            assert_eq!(p.status, 200, "{}", p.text());
+            n += 1;
+            // (The store answers these at once: let the change go on.)
+            tokio::task::yield_now().await;
+        }
+        n
+    };
+    let (changed, n) = tokio::join!(change, patches);
+    assert_eq!(changed.status, 204, "{}", changed.text());
+    let me = app.get("/api/v1/me", Some(&alice)).await.expect(200).json();
+    assert_eq!(me["properties"].as_object().unwrap().len(), n, "{me}");
+    app.sign_in("alice", "alice-second").await;
+}
