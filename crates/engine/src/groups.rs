@@ -1028,7 +1028,7 @@ fn check_managers(managers: &[Principal]) -> Result<()> {
 }
 
 /// Refuses a group title over [`MAX_TITLE`] bytes.
-fn check_title(title: &str) -> Result<()> {
+pub(crate) fn check_title(title: &str) -> Result<()> {
     if title.len() > MAX_TITLE {
         return Err(EngineError::InvalidInput(format!(
             "a group title has at most {MAX_TITLE} bytes"

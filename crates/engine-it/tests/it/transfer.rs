@@ -1025,6 +1025,13 @@ async fn imports_take_nothing_the_api_would_refuse() {
             "properties",
         ),
         (
+            "a group title over 1024 bytes",
+            edited(&lines, group, |v| {
+                v["group"]["title"] = json!("t".repeat(1025))
+            }),
+            "title",
+        ),
+        (
             "a Content-Type that is no media type",
             edited(&lines, body_item, |v| {
                 v["item"]["body"]["contentType"] = json!("not a content type")
