@@ -663,9 +663,15 @@ export interface components {
         };
         /** @description A change of a group: what it names changes, the rest stays. */
         GroupPatch: {
-            /** @description An RFC 7396 JSON merge patch of the properties: `null` removes a key. */
+            /**
+             * @description An RFC 7396 JSON merge patch of the properties: `null` removes a key.
+             *     The field itself `null`, like leaving it out, keeps them all.
+             */
             properties?: Record<string, unknown> | null;
-            /** @description A new display title, at most 1024 bytes (`""` clears it). */
+            /**
+             * @description A new display title, at most 1024 bytes of UTF-8 (`""` clears it;
+             *     `null`, like leaving it out, keeps the title).
+             */
             title?: string | null;
         };
         /** @description The server is up. */

@@ -955,15 +955,13 @@ impl Engine {
         title: Option<String>,
         properties: Option<Map<String, Value>>,
     ) -> Result<Group> {
-        if let Some(t) = &title {
-            check_title(t)?;
-        }
         self.change_group(caller, id, None, |g| {
             if let Some(t) = &title {
+                check_title(t)?;
                 g.title = t.clone();
             }
             if let Some(p) = &properties {
-                g.properties = crate::users::patched(&g.properties, p)?;
+                g.properties = crate::model::merged(&g.properties, p);
                 self.check_properties(&g.properties)?;
             }
             Ok(())
@@ -972,7 +970,8 @@ impl Engine {
     }
 
     /// Reads a group, changes it (its managers and administrators only) and
-    /// writes it back, guarded on the version read. `must_exist` is a row
+    /// writes it back, guarded on the version read (a change that changes
+    /// nothing writes nothing). `must_exist` is a row
     /// the change names, read in the same snapshot: `NotFound` without it.
     async fn change_group(
         &self,
@@ -1000,10 +999,15 @@ impl Engine {
             if must_exist.is_some() && own.rows[1].is_none() {
                 return Err(EngineError::NotFound("no such principal".into()));
             }
+            let before = schema::encode(&group);
             change(&mut group)?;
+            let after = schema::encode(&group);
+            if after == before {
+                return Ok(group);
+            }
             let key = schema::group_key(id);
             let mut b = Batch::new();
-            b.put(key.clone(), schema::encode(&group), version + 1)
+            b.put(key.clone(), after, version + 1)
                 .guard(key, Expect::Version(version));
             self.store().write(b).await?;
             Ok(group)

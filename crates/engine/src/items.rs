@@ -16,8 +16,7 @@ use crate::indexes::Defs;
 use crate::model::{check_name, normalise_acl};
 use crate::schema::{self, ItemRow, ITEMS};
 use crate::{
-    b64, merge_patch, random_bytes, Caller, Engine, Grant, Item, ItemView, Principal, Properties,
-    Role,
+    b64, random_bytes, Caller, Engine, Grant, Item, ItemView, Principal, Properties, Role,
 };
 
 /// What an operation reads of an item.
@@ -455,11 +454,11 @@ impl Engine {
         patch: &Value,
         if_match: Option<u64>,
     ) -> Result<ItemView> {
-        if !patch.is_object() {
+        let Some(patch) = patch.as_object() else {
             return Err(EngineError::InvalidInput(
                 "properties patch must be a JSON object".into(),
             ));
-        }
+        };
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let (_, a, defs, _) = self
@@ -469,11 +468,7 @@ impl Engine {
             let defs = defs.expect("asked for");
             self.require_role(&a, Role::Editor, "changing properties")?;
             check_version(&a.item, if_match)?;
-            let mut props = Value::Object(a.item.properties.map().clone());
-            merge_patch(&mut props, patch);
-            let Value::Object(props) = props else {
-                unreachable!("an object patched by an object stays an object")
-            };
+            let props = crate::model::merged(a.item.properties.map(), patch);
             crate::users::check_properties_depth(&props)?;
             let props = Properties::new(props);
             self.check_properties_size(props.text().len())?;

@@ -430,6 +430,20 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
+/// `properties` with an RFC 7396 merge `patch` applied (a patch of an
+/// object by an object is an object).
+pub(crate) fn merged(
+    properties: &Map<String, Value>,
+    patch: &Map<String, Value>,
+) -> Map<String, Value> {
+    let mut target = Value::Object(properties.clone());
+    merge_patch(&mut target, &Value::Object(patch.clone()));
+    match target {
+        Value::Object(m) => m,
+        _ => unreachable!("an object patched by an object stays an object"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

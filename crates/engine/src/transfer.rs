@@ -937,7 +937,9 @@ fn check_group(group: &Group) -> Result<()> {
         return bad("a group has at least one manager");
     }
     crate::model::check_name("username", &group.created_by)?;
-    crate::groups::check_title(&group.title)?;
+    if crate::groups::check_title(&group.title).is_err() {
+        return bad("its title is too long");
+    }
     if group.managers.len() > crate::groups::MAX_MANAGERS {
         return bad("a group has too many managers");
     }

@@ -334,59 +334,44 @@ impl Engine {
         let wrong = || EngineError::Unauthenticated("the current password is wrong".into());
         let checked = self
             .throttled(username, client, || async {
-                let (user, version) = self
+                let (user, _) = self
                     .retrying(|| self.read_user(username))
                     .await?
                     .ok_or_else(wrong)?;
                 if !self.verify_password(current, &user.password_hash).await? {
                     return Err(wrong());
                 }
-                Ok((user, version))
+                Ok(user.password_hash)
             })
             .await;
-        let (mut user, version) = match checked {
+        let checked = match checked {
             Err(EngineError::Unauthenticated(m)) => return Err(EngineError::Forbidden(m)),
             other => other?,
         };
-        let checked_hash = std::mem::take(&mut user.password_hash);
         let hash = self.hash_password(password, Hashing::NewPassword).await?;
-        // Guarded on the user row as checked: a reset or another password
-        // change in between wins, and this one is refused rather than undo
-        // it; new properties in between are kept, and the write tried again
-        // (up to 8 times: a user changing their properties that often while
-        // their password changes is refused, not waited for).
+        // Guarded on the user row as read again: a reset or another password
+        // change since the check wins, and this one is refused rather than
+        // undo it; anything else changed meanwhile (properties) is kept.
         let key = schema::user_key(username);
-        let (mut user, mut version) = (user, version);
-        let mut attempt = 0;
-        loop {
-            user.password_hash = hash.clone();
-            let mut b = Batch::new();
-            b.put(key.clone(), schema::encode(&user), version + 1)
-                .guard(key.clone(), Expect::Version(version));
-            match self.store().write(b).await {
-                Ok(()) => break,
-                Err(tarn_store::StoreError::GuardFailed { .. }) if attempt < 8 => {
-                    attempt += 1;
-                    let now = self.retrying(|| self.read_user(username)).await?;
-                    match now {
-                        Some((u, v)) if u.password_hash == checked_hash => {
-                            (user, version) = (u, v);
-                        }
-                        _ => {
-                            return Err(EngineError::Conflict(
-                                "the password changed while it was checked; try again".into(),
-                            ))
-                        }
-                    }
-                }
-                Err(tarn_store::StoreError::GuardFailed { .. }) => {
+        let user = self
+            .retrying(|| async {
+                let (mut user, version) = self
+                    .read_user(username)
+                    .await?
+                    .ok_or_else(|| EngineError::NotFound(format!("no user {username}")))?;
+                if user.password_hash != checked {
                     return Err(EngineError::Conflict(
-                        "the account changed while its password was checked; try again".into(),
-                    ))
+                        "the password changed while it was checked; try again".into(),
+                    ));
                 }
-                Err(e) => return Err(EngineError::from(e).settle()),
-            }
-        }
+                user.password_hash = hash.clone();
+                let mut b = Batch::new();
+                b.put(key.clone(), schema::encode(&user), version + 1)
+                    .guard(key.clone(), Expect::Version(version));
+                self.store().write(b).await?;
+                Ok(user)
+            })
+            .await?;
         let keep = match caller {
             Caller::Token(token) => Some(session_hash(token)),
             _ => None,
@@ -600,13 +585,19 @@ impl Engine {
             }
             let row = own
                 .rows
-                .first()
-                .cloned()
+                .into_iter()
+                .next()
                 .flatten()
                 .ok_or_else(|| EngineError::NotFound(format!("no user {username}")))?;
             let mut user: User = schema::decode("user", &row)?;
-            user.properties = patched(&user.properties, patch)?;
-            self.check_properties(&user.properties)?;
+            let properties = crate::model::merged(&user.properties, patch);
+            self.check_properties(&properties)?;
+            if properties == user.properties {
+                // Nothing to write: the row (which sign-ins and password
+                // changes guard on) keeps its version.
+                return Ok(user);
+            }
+            user.properties = properties;
             let key = schema::user_key(username);
             let mut b = Batch::new();
             b.put(key.clone(), schema::encode(&user), row.version + 1)
@@ -654,21 +645,6 @@ pub(crate) fn check_properties_depth(p: &Map<String, Value>) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// `properties` with an RFC 7396 merge `patch` applied, refused if it
-/// nests too deep.
-pub(crate) fn patched(
-    properties: &Map<String, Value>,
-    patch: &Map<String, Value>,
-) -> Result<Map<String, Value>> {
-    let mut v = Value::Object(properties.clone());
-    crate::model::merge_patch(&mut v, &Value::Object(patch.clone()));
-    let Value::Object(p) = v else {
-        unreachable!("an object patched by an object stays an object")
-    };
-    check_properties_depth(&p)?;
-    Ok(p)
 }
 
 /// Most levels of objects and arrays in properties, the properties object

@@ -488,10 +488,12 @@ pub struct NewGroup {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GroupPatch {
-    /// A new display title, at most 1024 bytes (`""` clears it).
+    /// A new display title, at most 1024 bytes of UTF-8 (`""` clears it;
+    /// `null`, like leaving it out, keeps the title).
     #[schema(max_length = 1024, nullable = true)]
     pub title: Option<String>,
     /// An RFC 7396 JSON merge patch of the properties: `null` removes a key.
+    /// The field itself `null`, like leaving it out, keeps them all.
     #[serde(default)]
     #[schema(value_type = Object, nullable = true)]
     pub properties: Option<Map<String, Value>>,

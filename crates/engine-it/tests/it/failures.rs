@@ -33,6 +33,11 @@ const CONTENDED_ONCE: u8 = 7;
 /// Cassandra's does when they are its own (feeds, marks).
 const SCAN_HIDES_FIRST: u8 = 8;
 
+/// The next write of a user row finds it changed since it was read: its
+/// properties (another key in them), then its password hash (a reset).
+const USER_PROPERTIES_MEANWHILE: u8 = 9;
+const USER_PASSWORD_MEANWHILE: u8 = 10;
+
 /// A memory store that fails on demand, each time with another kind of
 /// store error.
 struct Failing {
@@ -155,6 +160,25 @@ impl Store for Failing {
             return Err(StoreError::Conflict(
                 "lost to a concurrent transaction".into(),
             ));
+        }
+        let meddle = self.mode.load(Ordering::Relaxed);
+        if matches!(meddle, USER_PROPERTIES_MEANWHILE | USER_PASSWORD_MEANWHILE) {
+            if let Some(op) = batch.ops.iter().find(|op| op.key().table.name() == "users") {
+                self.mode.store(OK, Ordering::Relaxed);
+                let key = op.key().clone();
+                let mut snap = self.inner.snapshot().await?;
+                let row = snap.read(std::slice::from_ref(&key), &[]).await?.rows.remove(0);
+                let row = row.expect("the user row is there");
+                let mut user: serde_json::Value = serde_json::from_slice(&row.value).unwrap();
+                if meddle == USER_PROPERTIES_MEANWHILE {
+                    user["properties"]["meanwhile"] = json!(true);
+                } else {
+                    user["passwordHash"] = json!("set by a reset meanwhile");
+                }
+                let mut b = Batch::new();
+                b.put(key, serde_json::to_vec(&user).unwrap(), row.version + 1);
+                self.inner.write(b).await?;
+            }
         }
         let items = batch.ops.iter().any(|op| op.key().table.name() == "items");
         while items && self.mode.load(Ordering::Relaxed) == ITEM_WRITES_WAIT {
@@ -518,4 +542,40 @@ async fn a_store_whose_first_rows_are_hidden_still_holds_something() {
     let (empty, mode) = failing(tarn_store::memory::MemoryStore::new());
     mode.store(SCAN_HIDES_FIRST, Ordering::Relaxed);
     assert!(empty.holds_nothing().await.unwrap());
+}
+
+/// A password change is written guarded on the user row as read again
+/// after its check and hash: what else changed meanwhile (properties) is
+/// kept and the change lands (it was `409`); a new password meanwhile (a
+/// reset) wins, and the change is refused rather than undo it.
+#[tokio::test]
+async fn a_password_change_keeps_what_changed_meanwhile_but_not_a_new_password() {
+    for (meddle, lands) in [
+        (USER_PROPERTIES_MEANWHILE, true),
+        (USER_PASSWORD_MEANWHILE, false),
+    ] {
+        let (e, mode) = failing(tarn_store::memory::MemoryStore::new());
+        sign_up(&e, "alice").await;
+        let (token, _) = e.sign_in("alice", "alice-password").await.unwrap();
+        let caller = Caller::Token(token);
+        mode.store(meddle, Ordering::Relaxed);
+        let r = e
+            .change_own_password(&caller, "alice", "alice-password", "alice-second", None)
+            .await;
+        assert_eq!(
+            mode.load(Ordering::Relaxed),
+            OK,
+            "the row changed meanwhile"
+        );
+        let signed = e.sign_in("alice", "alice-second").await;
+        if lands {
+            r.unwrap();
+            signed.unwrap();
+            let me = e.me(&caller).await.unwrap();
+            assert_eq!(me.user.properties.get("meanwhile"), Some(&json!(true)));
+        } else {
+            assert!(matches!(r, Err(EngineError::Conflict(_))), "{r:?}");
+            assert!(signed.is_err(), "the reset's password stays");
+        }
+    }
 }
