@@ -167,7 +167,11 @@ impl Store for Failing {
                 self.mode.store(OK, Ordering::Relaxed);
                 let key = op.key().clone();
                 let mut snap = self.inner.snapshot().await?;
-                let row = snap.read(std::slice::from_ref(&key), &[]).await?.rows.remove(0);
+                let row = snap
+                    .read(std::slice::from_ref(&key), &[])
+                    .await?
+                    .rows
+                    .remove(0);
                 let row = row.expect("the user row is there");
                 let mut user: serde_json::Value = serde_json::from_slice(&row.value).unwrap();
                 if meddle == USER_PROPERTIES_MEANWHILE {
