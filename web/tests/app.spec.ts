@@ -424,6 +424,24 @@ test('an administrator declares a text index; search finds what each may read an
   await expect(carol.page.getByRole('status')).toContainText('You are shown as Carol Smith');
   await expect(carol.page.getByRole('link', { name: /Carol Smith \(carol\)\s*: your account/ })).toBeVisible();
   await check(carol.page, '17c-profile');
+  // Others see it beside her username (anyone may pick any name): in her
+  // room's messages and among its members, once she adds them.
+  await carol.page.goto('/groups');
+  await carol.page.getByLabel('Group id').fill('carols');
+  await carol.page.getByRole('button', { name: 'Create group' }).click();
+  await expect(carol.page.getByRole('list', { name: 'Members' })).toContainText('User carol — Carol Smith');
+  await carol.page.getByLabel('Username of the new member').fill('admin');
+  await carol.page.getByRole('button', { name: 'Add member' }).click();
+  await expect(carol.page.getByRole('list', { name: 'Members' })).toContainText('User admin');
+  await carol.page.getByRole('link', { name: 'Open its chat room' }).click();
+  await carol.page.getByLabel('Message', { exact: true }).fill('Hello from carol');
+  await carol.page.getByRole('button', { name: 'Send' }).click();
+  await expect(carol.page.getByRole('list', { name: 'Messages' })).toContainText('Hello from carol');
+  await admin.page.goto('/chat/carols');
+  const hello = admin.page.getByRole('list', { name: 'Messages' }).getByRole('listitem').filter({ hasText: 'Hello from carol' });
+  await expect(hello.locator('.who')).toHaveText('Carol Smith (carol)');
+  await admin.page.goto('/groups/carols');
+  await expect(admin.page.getByRole('list', { name: 'Members' })).toContainText('User carol — Carol Smith');
   await elsewhere.page.reload();
   await expect(elsewhere.page.getByRole('heading', { level: 1, name: 'Sign in to Tarn' })).toBeVisible();
   elsewhere.password = 'carol-third-pw';
