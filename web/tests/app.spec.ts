@@ -442,6 +442,7 @@ test('an administrator declares a text index; search finds what each may read an
   await expect(hello.locator('.who')).toHaveText('Carol Smith (carol)');
   await admin.page.goto('/groups/carols');
   await expect(admin.page.getByRole('list', { name: 'Members' })).toContainText('User carol — Carol Smith');
+  await expect(admin.page.getByRole('list', { name: 'Managers' })).toContainText('User carol — Carol Smith');
   await elsewhere.page.reload();
   await expect(elsewhere.page.getByRole('heading', { level: 1, name: 'Sign in to Tarn' })).toBeVisible();
   elsewhere.password = 'carol-third-pw';

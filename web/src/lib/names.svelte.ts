@@ -2,7 +2,7 @@
 // when a username is first shown. A display name is its user's own choice,
 // so it is shown beside the username, never instead of it.
 import { api } from './api';
-import { displayName } from './format';
+import { displayName, principalLabel } from './format';
 import { session } from './session.svelte';
 
 const names = $state<Record<string, string>>({});
@@ -31,4 +31,10 @@ export function nameOf(username: string): string {
 export function person(username: string): string {
   const name = nameOf(username);
   return name ? `${name} (${username})` : username;
+}
+
+/** A principal in words, a user's with the display name they gave, if any. */
+export function principalName(p: string): string {
+  const name = p.startsWith('user:') ? nameOf(p.slice(5)) : '';
+  return name ? `${principalLabel(p)} — ${name}` : principalLabel(p);
 }
