@@ -82,8 +82,12 @@ pub fn encode_value(out: &mut Vec<u8>, value: Option<&Value>, order: Order) {
         Some(Value::Bool(true)) => out.push(TRUE),
         Some(Value::Number(n)) => encode_number(out, n),
         Some(Value::String(s)) => {
+            // Cut at a byte, not a character: a cut before a character
+            // that straddles byte 256 would sort the string as a shorter
+            // one, before strings it is greater than.
             out.push(STRING);
-            encode_str_body(out, prefix(s, MAX_SORT_BYTES).as_bytes());
+            let bytes = s.as_bytes();
+            encode_str_body(out, &bytes[..bytes.len().min(MAX_SORT_BYTES)]);
         }
         Some(Value::Null | Value::Array(_) | Value::Object(_)) | None => out.push(MISSING),
     }
@@ -328,6 +332,20 @@ mod tests {
         assert_eq!(w(&long_a), w(&long_a.clone()));
         assert_eq!(w("short"), e("short"));
         assert_eq!(prefix("aé", 2), "a", "cut at a character boundary");
+    }
+
+    #[test]
+    fn strings_cut_inside_a_character_keep_byte_order() {
+        let e = |s: String| encoded(Some(&json!(s)), Order::Asc);
+        let x = |n: usize, tail: &str| format!("{}{tail}", "x".repeat(n));
+        // Byte (and code point) order; each character straddles byte 256
+        // or ends at it.
+        let sorted = [x(255, "y"), x(255, "é"), x(254, "z"), x(254, "😀")];
+        for pair in sorted.windows(2) {
+            assert!(e(pair[0].clone()) < e(pair[1].clone()), "{pair:?}");
+        }
+        let d = |s: &String| encoded(Some(&json!(s)), Order::Desc);
+        assert!(d(&sorted[1]) < d(&sorted[0]), "and reversed, descending");
     }
 
     #[test]
