@@ -474,12 +474,12 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Refuses a body's `Content-Type` that is not a media type of at most
-/// 255 bytes: `type/subtype`, each a token (RFC 9110, 8.3.1), parameters
-/// after a `;` as they come.
+/// 255 bytes: `type/subtype`, each a token (RFC 9110, 8.3.1) and neither
+/// a media range's `*`, parameters after a `;` as they come.
 pub fn check_content_type(content_type: &str) -> Result<()> {
-    if content_type.is_empty() || content_type.len() > 255 {
+    if content_type.len() > 255 {
         return Err(EngineError::InvalidInput(
-            "a body needs a Content-Type of at most 255 bytes".into(),
+            "a body's Content-Type is at most 255 bytes".into(),
         ));
     }
     if !is_media_type(content_type) {
@@ -502,7 +502,7 @@ pub fn media_essence(content_type: &str) -> String {
 }
 
 /// Whether a content type's essence is a media type's form,
-/// `type/subtype`, each a token (RFC 9110, 8.3.1).
+/// `type/subtype`, each a token (RFC 9110, 8.3.1) and not `*`.
 fn is_media_type(content_type: &str) -> bool {
     let token = |t: &str| {
         !t.is_empty()
@@ -511,7 +511,7 @@ fn is_media_type(content_type: &str) -> bool {
     };
     media_essence(content_type)
         .split_once('/')
-        .is_some_and(|(t, sub)| token(t) && token(sub))
+        .is_some_and(|(t, sub)| token(t) && token(sub) && t != "*" && sub != "*")
 }
 
 /// A body's most used words and its indexed word count, from `text`, its

@@ -922,7 +922,7 @@ impl Engine {
                 ))
             }
         };
-        self.change_group(caller, id, Some(exists), |g| {
+        self.change_group(caller, id, Some((exists, manager)), |g| {
             if !g.managers.contains(manager) {
                 g.managers.push(manager.clone());
             }
@@ -971,13 +971,13 @@ impl Engine {
 
     /// Reads a group, changes it (its managers and administrators only) and
     /// writes it back, guarded on the version read (a change that changes
-    /// nothing writes nothing). `must_exist` is a row
-    /// the change names, read in the same snapshot: `NotFound` without it.
+    /// nothing writes nothing). `must_exist` is the row of a principal the
+    /// change names, read in the same snapshot: `NotFound` without it.
     async fn change_group(
         &self,
         caller: &Caller,
         id: &str,
-        must_exist: Option<Key>,
+        must_exist: Option<(Key, &Principal)>,
         change: impl Fn(&mut Group) -> Result<()>,
     ) -> Result<Group> {
         if !crate::is_valid_name(id) {
@@ -986,7 +986,7 @@ impl Engine {
         self.retrying(|| async {
             let mut snap = self.snapshot().await?;
             let mut gets = vec![schema::group_key(id)];
-            gets.extend(must_exist.clone());
+            gets.extend(must_exist.as_ref().map(|(k, _)| k.clone()));
             let (actor, own) = self.resolve(&mut snap, caller, &gets, &[]).await?;
             drop(snap);
             actor.require_user()?;
@@ -996,8 +996,8 @@ impl Engine {
                     "only a manager of {id} may change it"
                 )));
             }
-            if must_exist.is_some() && own.rows[1].is_none() {
-                return Err(EngineError::NotFound("no such principal".into()));
+            if let Some((_, named)) = must_exist.as_ref().filter(|_| own.rows[1].is_none()) {
+                return Err(EngineError::NotFound(format!("no such principal {named}")));
             }
             let before = schema::encode(&group);
             change(&mut group)?;

@@ -524,6 +524,12 @@ fn shared_plan(defs: &[IndexDef], sort: &[SortField]) -> Result<Plan> {
     })
 }
 
+fn not_a_time(field: &str) -> EngineError {
+    EngineError::InvalidInput(format!(
+        "where.{field}: an RFC 3339 time, such as 2026-01-31T12:00:00.000000Z"
+    ))
+}
+
 /// A listing's or a search's `where` equalities by field: fields an index
 /// can have, each once, values a key can hold. `createdAt` and
 /// `modifiedAt` take the RFC 3339 times items show (or microseconds since
@@ -541,12 +547,9 @@ pub(crate) fn where_fields(given: &[(String, Value)]) -> Result<BTreeMap<String,
                 )))
             }
             ("createdAt" | "modifiedAt", Value::String(t)) => {
-                Value::from(crate::parse_time(t).ok_or_else(|| {
-                    EngineError::InvalidInput(format!(
-                        "where.{f}: an RFC 3339 time, such as 2026-01-31T12:00:00.000000Z"
-                    ))
-                })?)
+                Value::from(crate::parse_time(t).ok_or_else(|| not_a_time(f))?)
             }
+            ("createdAt" | "modifiedAt", Value::Bool(_)) => return Err(not_a_time(f)),
             (_, v) => v.clone(),
         };
         if fields.insert(f.clone(), v).is_some() {

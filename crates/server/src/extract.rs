@@ -664,6 +664,22 @@ impl FromRequestParts<AppState> for ClientAddr {
     }
 }
 
+/// A request's `Content-Type`, if it has one: `400` when it is given
+/// twice (which would the server take?) or is not ASCII.
+pub fn content_type(headers: &HeaderMap) -> ApiResult<Option<&str>> {
+    let mut values = headers.get_all(CONTENT_TYPE).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::invalid("Content-Type is given twice"));
+    }
+    first
+        .to_str()
+        .map(Some)
+        .map_err(|_| ApiError::invalid("Content-Type is ASCII"))
+}
+
 /// A JSON request body: `application/json` (or no `Content-Type` at all,
 /// as a client that forgot the header sends it, unless a browser says
 /// another site sent it), at most the configured size, refused before it
@@ -678,7 +694,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     async fn from_request(req: Request, state: &AppState) -> ApiResult<JsonBody<T>> {
         let limit = state.config.max_json;
         let headers = req.headers();
-        let json = match headers.get(CONTENT_TYPE) {
+        let json = match content_type(headers)? {
             // No media type: JSON, unless a browser says another site's
             // page sent it (a `fetch` of an untyped body needs no
             // preflight; it could sign up accounts from its visitors).
@@ -686,7 +702,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
                 .get("sec-fetch-site")
                 .is_none_or(|v| matches!(v.as_bytes(), b"same-origin" | b"none")),
             Some(ct) => matches!(
-                tarn_engine::media_essence(ct.to_str().unwrap_or("")).as_str(),
+                tarn_engine::media_essence(ct).as_str(),
                 "application/json" | "application/merge-patch+json"
             ),
         };

@@ -358,11 +358,12 @@ async fn apply(engine: &Engine, model: &mut Model, op: &Op) {
                 return;
             }
             let i = item % model.items.len();
+            // Access first: only the item's managers hear what is wrong
+            // with the list.
             let has_manager = grants.iter().any(|(_, r)| *r == Role::Manager);
-            let want = if !has_manager || opens_management(grants) {
-                Outcome::Invalid
-            } else {
-                item_outcome(model, *by, &model.items[i], Role::Manager)
+            let want = match item_outcome(model, *by, &model.items[i], Role::Manager) {
+                Outcome::Ok if !has_manager || opens_management(grants) => Outcome::Invalid,
+                access => access,
             };
             let r = engine
                 .set_acl(

@@ -53,13 +53,11 @@ pub async fn put(
     req: Request,
 ) -> ApiResult<Response> {
     // Without one, the bytes are taken as what they are to HTTP, octets
-    // (RFC 9110, 8.3); one given empty, not ASCII or not a media type is
-    // refused below.
-    let content_type = match req.headers().get(header::CONTENT_TYPE) {
-        None => "application/octet-stream",
-        Some(v) => v.to_str().unwrap_or(""),
-    }
-    .to_string();
+    // (RFC 9110, 8.3); one given twice, empty, not ASCII or not a media
+    // type is refused.
+    let content_type = crate::extract::content_type(req.headers())?
+        .unwrap_or("application/octet-stream")
+        .to_string();
     // Before the body is read (the engine checks it as well).
     tarn_engine::check_content_type(&content_type)?;
     let declared = req

@@ -453,6 +453,17 @@ async fn groups_members_and_managers() {
     )
     .await
     .expect(403);
+    // A manager who does not exist: the answer names them.
+    let r = app
+        .call(
+            Method::PUT,
+            "/api/v1/groups/inner/managers/user:nosuch",
+            Some(&bob),
+            None,
+        )
+        .await
+        .expect(404);
+    assert!(r.text().contains("user:nosuch"), "{}", r.text());
 }
 
 #[tokio::test]
@@ -660,6 +671,36 @@ async fn acl_and_links() {
     )
     .await
     .expect(403);
+    // Access is asked before the list is checked, as for every write: a
+    // viewer is told 403, anyone else the item is not there, whatever
+    // the list; only its manager hears what is wrong with it.
+    for acl in [
+        json!([]),
+        json!([{"principal": "everyone", "role": "manager"}]),
+        json!([{"principal": "user:ghost", "role": "manager"}]),
+    ] {
+        let body = || Some(json!({"acl": acl.clone()}));
+        app.call(Method::PUT, &acl_path, Some(&bob), body())
+            .await
+            .expect(403);
+        app.call(Method::PUT, &acl_path, None, body())
+            .await
+            .expect(404);
+        app.call(
+            Method::PUT,
+            &format!("/api/v1/items/{other_id}/acl"),
+            Some(&bob),
+            body(),
+        )
+        .await
+        .expect(404);
+        app.call(Method::PUT, "/api/v1/items/nosuch/acl", Some(&bob), body())
+            .await
+            .expect(404);
+        app.call(Method::PUT, &acl_path, Some(&alice), body())
+            .await
+            .expect(400);
+    }
 
     let links = format!("/api/v1/items/{id}/links");
     app.call(
@@ -2233,6 +2274,7 @@ async fn listings_keep_their_cursors_and_read_where_values_as_shown() {
     // named twice (also in its two spellings).
     for bad in [
         "sort=n&where.createdAt=yesterday".to_string(),
+        "sort=n&where.createdAt=true".to_string(),
         format!("sort=n,-n&where.w={x}"),
         format!("sort=n,properties.n&where.w={x}"),
         format!("sort={}&where.w={x}", vec!["n"; 16_000].join(",")),
@@ -2331,13 +2373,75 @@ async fn body_uploads_are_refused_before_their_bytes() {
         .expect("refused without waiting for the body")
         .expect(412);
     assert_eq!(r.json()["type"], "version-mismatch");
-    for ct in ["foo", "text/", "/plain", "text plain", "text/pl ain; x=1"] {
+    // Media ranges are no media types either.
+    for ct in [
+        "foo",
+        "text/",
+        "/plain",
+        "text plain",
+        "text/pl ain; x=1",
+        "",
+        "*/*",
+        "text/*",
+    ] {
         let r = app
             .put_body(Some(&alice), &path, b"x".to_vec(), ct)
             .await
             .expect(400);
         assert_eq!(r.json()["type"], "invalid-input", "{ct}");
+        assert!(r.text().contains("type/subtype"), "{ct}: {}", r.text());
     }
+    // A Content-Type given twice (which would be stored?), or not ASCII,
+    // is refused, on uploads as on JSON bodies.
+    let upload = |types: &[&[u8]]| {
+        let mut req = Request::builder()
+            .method(Method::PUT)
+            .uri(&path)
+            .header("authorization", format!("Bearer {alice}"));
+        for t in types {
+            req = req.header(
+                "content-type",
+                axum::http::HeaderValue::from_bytes(t).unwrap(),
+            );
+        }
+        req.body(Body::from("x")).unwrap()
+    };
+    for types in [
+        &[b"text/plain".as_slice(), b"image/png"][..],
+        &[b"text/caf\xe9"],
+        &[b"text/plain; name=\"\xc3\xa9\""],
+    ] {
+        let r = app.raw(upload(types)).await.expect(400);
+        assert!(r.text().contains("Content-Type"), "{}", r.text());
+    }
+    let item = app
+        .get(&format!("/api/v1/items/{id}"), Some(&alice))
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(item["body"]["contentType"], "text/plain", "the body stayed");
+    let create = |types: &[&str]| {
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri("/api/v1/items")
+            .header("authorization", format!("Bearer {alice}"));
+        for t in types {
+            req = req.header("content-type", *t);
+        }
+        req.body(Body::from("{\"kind\":\"doc\"}")).unwrap()
+    };
+    for types in [
+        ["text/plain", "application/json"],
+        ["application/json", "text/plain"],
+    ] {
+        let r = app.raw(create(&types)).await.expect(400);
+        assert!(
+            r.text().contains("Content-Type is given twice"),
+            "{}",
+            r.text()
+        );
+    }
+    app.raw(create(&["application/json"])).await.expect(201);
     // An empty body, asked for its last five bytes: all of it (nothing).
     app.put_body(Some(&alice), &path, Vec::new(), "text/plain")
         .await
