@@ -196,7 +196,12 @@ pub enum Event {
     Resync,
 }
 
-const CURSOR_VERSION: u8 = 2;
+/// Version 3: the store's position hidden (see [`encode_cursor`]).
+const CURSOR_VERSION: u8 = 3;
+/// Version 2: the store's position in the clear.
+const CLEAR_VERSION: u8 = 2;
+/// Random bytes a cursor hides its position with.
+const NONCE: usize = 8;
 
 /// A page of changes, and whether its read reached the feed's readable
 /// end (rather than the page's limit or the budget).
@@ -207,16 +212,51 @@ struct Pulled {
     asked: Option<Vec<u8>>,
 }
 
+/// A feed cursor: the store's position, hidden with the store's key and
+/// random bytes of its own, then sealed. A position in the clear would
+/// count the store's writes for anyone who polls (`next` moves past the
+/// changes a caller cannot see), and the gap between two of one's own
+/// changes would say how many came between; hidden, no two cursors look
+/// alike, even of one position.
 fn encode_cursor(key: &[u8], store: &[u8]) -> String {
-    let mut c = Vec::with_capacity(store.len() + 1);
+    let nonce: [u8; NONCE] = crate::random_bytes();
+    let mut c = Vec::with_capacity(1 + NONCE + store.len());
     c.push(CURSOR_VERSION);
-    c.extend_from_slice(store);
+    c.extend_from_slice(&nonce);
+    c.extend(
+        store
+            .iter()
+            .zip(keystream(key, &nonce, store.len()))
+            .map(|(b, k)| b ^ k),
+    );
     seal(key, b"feed", &c)
 }
 
+/// `len` bytes to hide a position with: SHA-256 of the store's key, the
+/// cursor's random bytes and a block number, block after block (a
+/// pseudorandom function of fixed-length input in counter mode).
+fn keystream(key: &[u8], nonce: &[u8; NONCE], len: usize) -> Vec<u8> {
+    use sha2::Digest;
+    let mut out = Vec::with_capacity(len + 32);
+    let mut block = 0u32;
+    while out.len() < len {
+        let mut h = sha2::Sha256::new();
+        h.update((key.len() as u32).to_be_bytes());
+        h.update(key);
+        h.update(b"feed position");
+        h.update(nonce);
+        h.update(block.to_be_bytes());
+        out.extend_from_slice(&h.finalize());
+        block += 1;
+    }
+    out.truncate(len);
+    out
+}
+
 /// The store's cursor inside an API cursor; malformed ones are refused.
-/// A cursor of an older server (version 2 sealed without the store's key)
-/// is `Gone`, as a cursor older than the changes kept: the client lists
+/// A cursor of an older server (version 2, its position in the clear,
+/// sealed with or without the store's key) is `Gone`, as a cursor older
+/// than the changes kept: the client lists
 /// again and resumes from the end, instead of a browser's `EventSource`
 /// giving up on a 400 after an upgrade. (Version 1 was unsealed, the byte
 /// 1 and 8 of a position: one text in 256 that decodes to 9 bytes has
@@ -226,16 +266,25 @@ pub(crate) fn decode_cursor(key: &[u8], c: &str) -> Result<Vec<u8>> {
     if c.is_empty() || c.len() > 128 {
         return Err(bad());
     }
+    let older = || {
+        EngineError::Gone(
+            "the cursor is from an older server; list again and start from the end".into(),
+        )
+    };
     let Some(raw) = unseal(key, b"feed", c) else {
-        if unseal(&[], &[], c).is_some_and(|r| r.first() == Some(&CURSOR_VERSION)) {
-            return Err(EngineError::Gone(
-                "the cursor is from an older server; list again and start from the end".into(),
-            ));
+        if unseal(&[], &[], c).is_some_and(|r| r.first() == Some(&CLEAR_VERSION)) {
+            return Err(older());
         }
         return Err(bad());
     };
     match raw.split_first() {
-        Some((&CURSOR_VERSION, rest)) if !rest.is_empty() => Ok(rest.to_vec()),
+        Some((&CURSOR_VERSION, rest)) if rest.len() > NONCE => {
+            let (nonce, hidden) = rest.split_at(NONCE);
+            let nonce: &[u8; NONCE] = nonce.try_into().expect("NONCE bytes");
+            let stream = keystream(key, nonce, hidden.len());
+            Ok(hidden.iter().zip(stream).map(|(b, k)| b ^ k).collect())
+        }
+        Some((&CLEAR_VERSION, rest)) if !rest.is_empty() => Err(older()),
         _ => Err(bad()),
     }
 }
@@ -1384,11 +1433,29 @@ mod tests {
             decode_cursor(key, &made_up),
             Err(EngineError::InvalidInput(_))
         ));
-        let older = seal(&[], &[], &[CURSOR_VERSION, 0, 0, 0, 7]);
+        let older = seal(&[], &[], &[CLEAR_VERSION, 0, 0, 0, 7]);
         assert!(matches!(
             decode_cursor(key, &older),
             Err(EngineError::Gone(_))
         ));
+        let clear = seal(key, b"feed", &[CLEAR_VERSION, 0, 0, 0, 7]);
+        assert!(matches!(
+            decode_cursor(key, &clear),
+            Err(EngineError::Gone(_))
+        ));
+        // A position is hidden: two cursors of one position differ, and
+        // neither holds its bytes; a long one comes back whole.
+        let again = encode_cursor(key, &[0, 0, 0, 7]);
+        assert_ne!(c, again);
+        assert_eq!(decode_cursor(key, &again).unwrap(), vec![0, 0, 0, 7]);
+        let seq = 0x0123_4567_89ab_cdefu64.to_be_bytes();
+        let raw = crate::unb64(&encode_cursor(key, &seq)).unwrap();
+        assert!(!raw.windows(8).any(|w| w == seq));
+        let long: Vec<u8> = (0..60).collect();
+        assert_eq!(
+            decode_cursor(key, &encode_cursor(key, &long)).unwrap(),
+            long
+        );
         let listing = seal(key, b"listing", &[CURSOR_VERSION, 0, 0, 0, 7]);
         assert!(matches!(
             decode_cursor(key, &listing),
