@@ -61,7 +61,7 @@ use serde::{Deserialize, Serialize};
 use tarn_store::{Batch, Expect, Key, Row, Scan, Snapshot, SnapshotExt};
 
 use crate::error::{EngineError, Result};
-use crate::keys::{encode_str, encode_value, encode_where, Order};
+use crate::keys::{encode_str, encode_value_cut, encode_where, Cut, Order};
 use crate::model::check_name;
 use crate::schema::{self, ItemRow, INDEX, INDEX_DEFS, KINDS, KIND_BUCKETS};
 use crate::search::Impacts;
@@ -155,6 +155,10 @@ pub struct IndexDef {
     /// as their rows were written).
     #[serde(default, skip_serializing_if = "Heads::is_two")]
     pub heads: Heads,
+    /// Where long strings of its sort fields are cut (older declarations:
+    /// as their rows were written).
+    #[serde(default, skip_serializing_if = "Cut::is_character")]
+    pub cut: Cut,
 }
 
 /// How a text index cuts a term's head, the part of the term in its
@@ -276,6 +280,7 @@ pub(crate) fn builtins() -> Vec<IndexDef> {
         impacts: Impacts::Milli,
         readers: Readers::Every,
         heads: Heads::Two,
+        cut: Cut::Character,
     };
     vec![
         def("_kind", &["kind"]),
@@ -569,7 +574,7 @@ impl IndexDef {
     fn clustering(&self, item: &Item) -> Vec<u8> {
         let mut c = Vec::with_capacity(64);
         for s in &self.sort {
-            encode_value(&mut c, item.field(&s.field).as_ref(), s.order);
+            encode_value_cut(&mut c, item.field(&s.field).as_ref(), s.order, self.cut);
         }
         let id = c.len();
         encode_str(&mut c, &item.id);
@@ -880,6 +885,7 @@ impl Engine {
                         Impacts::Stepped
                     },
                     readers: Readers::Widest,
+                    cut: Cut::Byte,
                     heads: if text.is_empty() {
                         Heads::Two
                     } else {

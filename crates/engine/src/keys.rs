@@ -74,20 +74,46 @@ impl Order {
     }
 }
 
+/// Where a long string's sort key is cut.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Cut {
+    /// At the last character boundary at or before byte 256: indexes
+    /// declared before 2026-12-03 (their rows were written so). A
+    /// character that straddles byte 256 goes, and the string sorts as a
+    /// shorter one, before strings it is greater than.
+    #[default]
+    Character,
+    /// At byte 256, even inside a character: byte order.
+    Byte,
+}
+
+impl Cut {
+    /// Whether this is the older cut.
+    pub fn is_character(&self) -> bool {
+        *self == Cut::Character
+    }
+}
+
 /// Appends the encoding of `value` (`None` = missing) in `order` to `out`.
 pub fn encode_value(out: &mut Vec<u8>, value: Option<&Value>, order: Order) {
+    encode_value_cut(out, value, order, Cut::Byte)
+}
+
+/// [`encode_value`], a long string cut as `cut` says.
+pub fn encode_value_cut(out: &mut Vec<u8>, value: Option<&Value>, order: Order, cut: Cut) {
     let start = out.len();
     match value {
         Some(Value::Bool(false)) => out.push(FALSE),
         Some(Value::Bool(true)) => out.push(TRUE),
         Some(Value::Number(n)) => encode_number(out, n),
         Some(Value::String(s)) => {
-            // Cut at a byte, not a character: a cut before a character
-            // that straddles byte 256 would sort the string as a shorter
-            // one, before strings it is greater than.
             out.push(STRING);
-            let bytes = s.as_bytes();
-            encode_str_body(out, &bytes[..bytes.len().min(MAX_SORT_BYTES)]);
+            let kept = match cut {
+                Cut::Character => prefix(s, MAX_SORT_BYTES).as_bytes(),
+                Cut::Byte => &s.as_bytes()[..s.len().min(MAX_SORT_BYTES)],
+            };
+            encode_str_body(out, kept);
         }
         Some(Value::Null | Value::Array(_) | Value::Object(_)) | None => out.push(MISSING),
     }
@@ -346,6 +372,18 @@ mod tests {
         }
         let d = |s: &String| encoded(Some(&json!(s)), Order::Desc);
         assert!(d(&sorted[1]) < d(&sorted[0]), "and reversed, descending");
+        // Indexes declared before keep the cut their rows were written with.
+        let old = |s: &String| {
+            let mut out = Vec::new();
+            encode_value_cut(&mut out, Some(&json!(s)), Order::Asc, Cut::Character);
+            out
+        };
+        assert!(old(&sorted[1]) < old(&sorted[0]), "the older cut");
+        assert_eq!(
+            old(&sorted[0]),
+            e(sorted[0].clone()),
+            "alike where no character straddles"
+        );
     }
 
     #[test]

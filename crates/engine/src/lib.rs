@@ -49,7 +49,7 @@ pub use error::{EngineError, Result};
 pub use groups::MemberPage;
 pub use indexes::{written_field, Heads, IndexDef, IndexState, Readers, SortField, TextField};
 pub use items::{link_id, LinkInfo, FOREIGN_TAG, WEAK_TAG};
-pub use keys::Order;
+pub use keys::{Cut, Order};
 pub use listing::{ListQuery, Page, Scope};
 pub use model::{
     is_valid_name, merge_patch, BodyMeta, Grant, Group, Item, ItemView, Principal, Properties,

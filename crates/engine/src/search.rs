@@ -663,7 +663,7 @@ impl Engine {
             crate::model::check_name("kind", k)?;
         }
         let fields = crate::listing::where_fields(&q.where_)?;
-        let distinct: HashSet<String> = words(&q.q).map(|w| crate::text::fold(&w)).collect();
+        let distinct: HashSet<String> = words(&q.q).collect();
         if distinct.len() > MAX_WORDS {
             return Err(EngineError::InvalidInput(format!(
                 "q has at most {MAX_WORDS} different words"
@@ -792,22 +792,20 @@ impl Engine {
         for (i, w) in query_words.iter().enumerate() {
             let mut terms = vec![analyzer.term(w)];
             let mut expansion = None;
-            // A prefix reaches terms, which are folded.
-            let typed = crate::text::fold(w);
             let heads = if q.prefix && i + 1 == query_words.len() {
-                prefix_heads(&typed)
+                prefix_heads(w)
             } else {
                 Vec::new()
             };
             let wide = match heads.len() {
                 0 | 1 => 0,
-                n => n * partitions(&typed).len(),
+                n => n * partitions(w).len(),
             };
             if !heads.is_empty() && wide <= EXPAND_PARTITIONS {
                 let parts: Vec<Vec<u8>> = heads.iter().flat_map(|h| partitions(h)).collect();
-                let e = self.expand(snap, &parts, heads.len(), &typed).await?;
+                let e = self.expand(snap, &parts, heads.len(), w).await?;
                 terms.extend(e.terms.iter().cloned());
-                terms.extend(analyzer.stems_typed_past(&typed));
+                terms.extend(analyzer.stems_typed_past(w));
                 expansion = Some(e);
             }
             let mut unique = Vec::new();
@@ -1362,6 +1360,7 @@ mod tests {
             impacts: Impacts::Stepped,
             readers: crate::indexes::Readers::Widest,
             heads: Heads::Syllable,
+            cut: crate::Cut::Byte,
         }
     }
 

@@ -36,8 +36,12 @@ export function principalLabel(p: string): string {
   return p;
 }
 
-/** A user's display name from their properties, if they gave one. */
+/**
+ * A user's display name from their properties, if they gave one, without
+ * invisible format and control characters: a right-to-left override in a
+ * name would turn the username shown beside it around.
+ */
 export function displayName(properties: Record<string, unknown> | undefined): string {
   const name = properties?.displayName;
-  return typeof name === 'string' ? name.trim() : '';
+  return typeof name === 'string' ? name.replace(/[\p{Cf}\p{Cc}]/gu, '').trim() : '';
 }

@@ -1410,6 +1410,7 @@ async fn an_older_index_keeps_a_row_for_every_reader() {
             impacts: tarn_engine::Impacts::Stepped,
             readers: tarn_engine::Readers::Every,
             heads: tarn_engine::Heads::Two,
+            cut: tarn_engine::Cut::Character,
         },
     })
     .await
@@ -1476,88 +1477,4 @@ async fn an_older_index_keeps_a_row_for_every_reader() {
     assert!(ids(&e, &bob, q("coffee")).await.is_empty());
     e.delete_item(&ann, &id, None, None).await.unwrap();
     assert_eq!(index_rows(&e, &store, "doc-text").await, 0);
-}
-
-/// A stemmer other than English's sees the accents its endings carry, in
-/// properties and bodies alike, and its stems are folded, so that other
-/// forms of a word find it, with or without the stem's own accents (a
-/// black-box audit found each pair below apart when words were folded
-/// before they were stemmed).
-#[tokio::test]
-async fn stemmers_of_accented_endings_see_them() {
-    let e = common::memory();
-    let ann = sign_up(&e, "ann").await;
-    for (kind, language) in [("fr", "french"), ("ru", "russian"), ("es", "spanish")] {
-        let name = format!("{kind}-text");
-        e.declare_text_index(
-            &admin(),
-            &name,
-            kind,
-            vec![],
-            vec![tf("title", 1.0), tf("$body", 1.0)],
-            Some(language.into()),
-        )
-        .await
-        .unwrap();
-        common::wait_ready(&e, &name).await;
-    }
-    let search = |kind: &str, words: &str, prefix: bool| SearchQuery {
-        q: words.into(),
-        kind: Some(kind.into()),
-        prefix,
-        ..SearchQuery::default()
-    };
-    let titled = |kind: &'static str, title: &'static str| {
-        let e = &e;
-        let ann = &ann;
-        async move {
-            e.create_item(ann, kind, props(json!({ "title": title })), vec![])
-                .await
-                .unwrap()
-                .item
-                .id
-        }
-    };
-    let aimee = titled("fr", "Une chanson aimée").await;
-    let egalite = titled("fr", "Liberté, égalité").await;
-    let novyi = titled("ru", "Новый город").await;
-    let educacion = titled("es", "La educación pública").await;
-    for (kind, words, want) in [
-        ("fr", "aimer", &aimee),
-        ("fr", "AIMÉES", &aimee),
-        ("fr", "égal", &egalite),
-        ("fr", "egal", &egalite),
-        ("ru", "новые", &novyi),
-        ("ru", "НОВОГО", &novyi),
-        ("es", "educaciones", &educacion),
-    ] {
-        assert_eq!(
-            ids(&e, &ann, search(kind, words, false)).await,
-            vec![want.clone()],
-            "{kind}: {words}"
-        );
-    }
-    // As you type, the stem's letters reach it.
-    assert_eq!(
-        ids(&e, &ann, search("ru", "город нов", true)).await,
-        vec![novyi.clone()]
-    );
-    assert_eq!(
-        ids(&e, &ann, search("fr", "chan", true)).await,
-        vec![aimee.clone()]
-    );
-    // A body's words are kept with their accents for its index's stemmer.
-    let f = titled("fr", "notes").await;
-    let mut up = e
-        .begin_body(&ann, &f, None, "text/plain; charset=utf-8", None)
-        .await
-        .unwrap();
-    up.write("Les chansons chantées hier.".as_bytes())
-        .await
-        .unwrap();
-    up.finish(None).await.unwrap();
-    assert_eq!(
-        ids(&e, &ann, search("fr", "chanter", false)).await,
-        vec![f.clone()]
-    );
 }

@@ -424,6 +424,7 @@ async fn imports_refuse_bad_records() {
             impacts: tarn_engine::Impacts::Milli,
             readers: tarn_engine::Readers::Every,
             heads: tarn_engine::Heads::Two,
+            cut: tarn_engine::Cut::Character,
         },
     };
     assert!(imp.add(late).await.is_err(), "declarations come first");
